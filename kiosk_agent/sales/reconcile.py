@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from kiosk_agent.data_class import data_class
+from kiosk_agent.money import format_cents
 from kiosk_agent.service.errors import ServiceError
 from kiosk_agent.service.models.statuses import TransStatus
 from kiosk_agent.service.trans_ids import trans_key
@@ -141,9 +142,10 @@ class Reconciler:
                 elif status in _REVERSED:
                     given_back = given_back or row
                 elif status is _PARTLY_HELD:  # the rest still held: what was refunded?
-                    before = await self._refunded_before(row)
+                    before, odd = await self._refunded_before(row)
                     if before is None:
                         undecided = True
+                        why = why or odd
                         continue
                     return ChargeLookup(approved=True, trans_id=row.trans_id,
                                         amount_cents=row.amount_cents,
@@ -161,18 +163,19 @@ class Reconciler:
             refunded=given_back.status is TransStatus.REFUNDED,
         )
 
-    async def _refunded_before(self, charge: Transaction) -> int | None:
+    async def _refunded_before(self, charge: Transaction) -> tuple[int | None, str]:
         """What a partly refunded charge's refunds gave back, by their own rows (REFUND, naming
         it in ``related_trans_id``): more than nothing and less than the charge, else (or when
         reporting cannot say, or a row naming it is in a status the agent does not know) None,
-        and nothing is decided on it. The agent's message says
+        and nothing is decided on it; with it, what a person reads to act on (empty when
+        reporting could not be asked). The agent's message says
         what it gave back and what it found given back before, each in exact amounts
         (2026-11-30: it said "$3.00 refunded" where it gave back the $2.00 left)."""
         from kiosk_agent.service.models.reporting import TransactionFilter
 
         rows = await self._rows(TransactionFilter(related_trans_id=charge.trans_id))
         if rows is None:
-            return None
+            return None, ""
         related = self._asked(rows, charge.trans_id, key=lambda r: r.related_trans_id,
                               same=trans_key)
         odd = [r for r in related if r.status is None]
@@ -180,17 +183,22 @@ class Reconciler:
             _LOGGER.warning("reporting shows %s, naming %s, in status %r, which the agent does "
                             "not know: it decides nothing on %s", odd[0].trans_id,
                             charge.trans_id, odd[0].trans_status_id, charge.trans_id)
-            return None
+            return None, (f"reporting shows {odd[0].trans_id}, naming the sale's charge "
+                          f"{charge.trans_id} (partly refunded), in status "
+                          f"{odd[0].trans_status_id!r}, which the agent does not know")
         refunds = [r for r in related if r.status is TransStatus.REFUND]
         if not all(_readable(r) for r in refunds):
-            return None
+            return None, (f"reporting shows a refund of the sale's charge {charge.trans_id} "
+                          "for a figure the agent cannot read")
         before = sum(r.amount_cents for r in refunds)
         if 0 < before < charge.amount_cents:
-            return before
+            return before, ""
         _LOGGER.warning("reporting shows %s (%s) partly refunded, and its refunds' rows give "
                         "back %d cents of it: the agent decides nothing on it",
                         charge.trans_id, charge.amount, before)
-        return None
+        return None, (f"reporting shows the sale's charge {charge.trans_id} "
+                      f"({format_cents(charge.amount_cents)}) partly refunded, and its refunds' "
+                      f"rows give back {format_cents(before)} of it")
 
     async def transaction_state(self, trans_id: str) -> TransactionLookup:
         from kiosk_agent.service.models.reporting import TransactionFilter

@@ -144,6 +144,10 @@ async def test_a_refund_row_in_a_status_the_agent_does_not_know_decides_nothing(
     assert record is not None
     assert record.state is SaleState.ATTENTION
     assert record.reversed_cents == 0
+    # said on the sale, for the person who decides (before: only in the log)
+    assert f"reporting shows {odd.trans_id}" in record.message, record.message
+    assert "status 42" in record.message
+    assert "kiosk-agent sales resolve" in record.message
     found = await rows(agent.service, "KACRASHED1")
     assert sorted(r.amount for r in found if r.related_trans_id == trans_id) == [
         Decimal("0.50"), Decimal("1.00")]  # the agent gave back nothing
@@ -456,3 +460,28 @@ async def test_a_crash_between_the_give_back_step_and_its_answer_gives_back_the_
         assert (record.captured_cents, record.reversed_cents) == (cents, cents), record.message
     finally:
         await agent.stop()
+
+
+async def test_a_charge_partly_refunded_whose_refunds_say_otherwise_is_said_to_a_person(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path
+) -> None:
+    """Reporting shows the $3.00 charge partly refunded, and its one refund's row for $3.00:
+    what it still holds cannot be told. The agent gives nothing back and says so on the sale,
+    in amounts, once. Before, only the log said it and the sale's words stayed empty."""
+    sim = await sim_factory(time_scale=300, transactions=0)
+    agent = await attention_sale(agent_factory, sim, tmp_path)
+    trans_id = await authorize(agent.service, "KACRASHED1", capture=True)
+    sim.ctx.ledger.update(trans_id, trans_status_id=TransStatus.SETTLED)
+    refund = await agent.service.payments.void_or_refund(trans_id, amount=100)
+    sim.ctx.ledger.update(refund.trans_id, amount_cents=300)
+    assert await agent.attention.sweep() == []
+    record = agent.journal.get("crashed1")
+    assert record is not None
+    assert record.state is SaleState.ATTENTION
+    assert (f"reporting shows the sale's charge {trans_id} ($3.00) partly refunded, and its "
+            "refunds' rows give back $3.00 of it") in record.message, record.message
+    assert "a person decides" in record.message
+    assert await agent.attention.sweep() == []
+    assert agent.journal.get("crashed1") == record  # said once
+    found = await rows(agent.service, "KACRASHED1")
+    assert len([r for r in found if r.related_trans_id == trans_id]) == 1  # nothing given back
