@@ -425,6 +425,7 @@ async def _run(config: Any, args: argparse.Namespace, page_token: str | None = N
     journal = demo_journal(config)
     began = time.time()  # the demo's sales are those created since (a config's own journal)
     signals = StopSignals("stopping the demo").install()
+    admin_file: Path | None = None  # where `health -c` finds the run's admin API
     try:
         async with agent_for(
             config, systemd=False, simulator=embedded_simulator, machines=simulated_machines
@@ -437,7 +438,7 @@ async def _run(config: Any, args: argparse.Namespace, page_token: str | None = N
             outage = Outage(sim_url, next(iter(agent.settings.terminals)), view)
             async with agent.events.subscribe() as queue, outage:
                 await agent.start()
-                _announce_status_page(agent, view, page_token)
+                admin_file = _announce_status_page(agent, view, page_token, journal)
                 machines = [p for p in agent.platforms if isinstance(p, VirtualPlatform)]
                 if args.sales is not None:
                     view.customers = Customers(args.sales, machines)
@@ -455,6 +456,10 @@ async def _run(config: Any, args: argparse.Namespace, page_token: str | None = N
                 await _show_until_done(agent.stop(), queue, view)
     finally:
         signals.remove()
+        if admin_file is not None:
+            from kiosk_agent.cli.demo_admin import remove_demo_admin
+
+            remove_demo_admin(admin_file)
     view.note(f"the demo's sales stay in {journal}: {_journal_hint(config)}")
     view.summary(journal_tally(config, began))
     return EXIT_OK
@@ -496,12 +501,27 @@ async def _show_audit(agent: Any, view: LiveView) -> None:
         view.note(line)
 
 
-def _announce_status_page(agent: Any, view: LiveView, token: str | None) -> None:
+def _announce_status_page(
+    agent: Any, view: LiveView, token: str | None, journal: Path
+) -> Path | None:
+    """Say where the status page is; with a token made for the run, write where `health -c`
+    and `events -c` find it (cli/demo_admin.py, 0600 beside the journal): the file, or None."""
     admin = next((c for c in agent.components if type(c).__name__ == "AdminServer"), None)
     if admin is None:
-        return
+        return None
     login = f" (log in with {token}, a token made for this demo run)" if token else ""
     view.note(f"status page: {admin.url}/{login}")
+    if token is None:
+        return None  # the configuration's own admin API: health finds it there
+    from kiosk_agent.cli.demo_admin import demo_admin_path, write_demo_admin
+
+    path = demo_admin_path(journal)
+    try:
+        write_demo_admin(path, admin.url, token)
+    except OSError as err:
+        view.note(f"cannot write {path} ({err.strerror}): `health -c` cannot find this demo")
+        return None
+    return path
 
 
 class Outage:

@@ -645,10 +645,19 @@ def admin_address(args: argparse.Namespace) -> tuple[str, str]:
                        f"${TOKEN_ENV} set", EXIT_USAGE)
     config = load(path, check_platforms=False)
     address = configured_admin(config, token)
-    if address is None:
-        raise CliError(f"{path} has no admin: section; the agent serves no admin API",
-                       EXIT_USAGE)
-    return address
+    if address is not None:
+        return address
+    if "simulator" in config["service"]:
+        # a demo's configuration: the demo serves an admin API of its own while it runs
+        from kiosk_agent.cli.demo_admin import demo_admin_path, read_demo_admin, running_demo
+
+        found = running_demo(config, str(path))
+        if found is None:  # said as the reader says it: no demo is running
+            found = read_demo_admin(
+                demo_admin_path(Path(config.resolve(config["journal"]["path"]))), str(path))
+        url, made = found
+        return url, token or made
+    raise CliError(f"{path} has no admin: section; the agent serves no admin API", EXIT_USAGE)
 
 
 def configured_admin(config: Config, token: str | None = None) -> tuple[str, str] | None:

@@ -134,9 +134,14 @@ async def agents_terminals(args: argparse.Namespace) -> list[dict[str, Any]] | N
         # command would, without the command's service client: 1.3 s of CPU on a loaded
         # 2-core machine); else, or when that agent cannot say, the service itself
         return None if address is None else await _through_the_agent(path, address, args)
+    if address is None:  # a demo serves an admin API of its own while it runs
+        from kiosk_agent.cli.demo_admin import running_demo
+
+        address = running_demo(config, str(path))
     if address is None:
         raise _no_agent_to_ask(
-            path, config, f"{path} has no admin: section to ask its agent",
+            path, config, f"{path} has no admin: section to ask its agent, and no demo runs "
+            "on it",
             "give it an admin: section (docs/operations.md) to ask the agent running on it; "
             "`kiosk-agent demo` shows its readers in its live view and on its status page")
     url, token = address

@@ -65,6 +65,7 @@ from kiosk_agent.platforms.base import Dispenser, LateVends, instance_name
 from kiosk_agent.sales.model import (
     STOPPING,
     AgentStopping,
+    BadAmount,
     DispenseOutcome,
     DispenseStatus,
     Flow,
@@ -281,6 +282,7 @@ def event_json(event: SaleEvent) -> dict[str, Any]:
         "amount": _dollars(event.amount_cents),
         "amount_cents": event.amount_cents,
         "captured_cents": event.captured_cents,
+        "reversed_cents": event.reversed_cents,  # given back: what the app tells its customer
         "product": event.product,
         "terminal": event.terminal,
         "message": event.message,
@@ -516,8 +518,10 @@ class KioskApi:
             return _error(409, "terminal_busy", "terminal", str(err))
         except UnknownTerminal as err:
             raise BadRequest("terminal", str(err)) from None
-        except ValueError as err:  # a zero amount
+        except BadAmount as err:  # zero, or above max_price: the app's amount, by name
             raise BadRequest("amount", str(err)) from None
+        # any other error out of the start (a ValueError too) is not the app's amount: the
+        # site's counted 503 "unavailable" (_unexpected), logged, never a field it did not send
         self._dispensers[sale.sale_id] = dispenser
         dispenser.sale_id = sale.sale_id
         return _json_response(

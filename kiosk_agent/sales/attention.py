@@ -25,10 +25,11 @@ from kiosk_agent.data_class import data_class
 from kiosk_agent.money import format_cents
 from kiosk_agent.sales.clock import Anchor, Clock, elapsed_at_least
 from kiosk_agent.sales.journal import Journal, JournalError, SaleMoved, SaleRecord
-from kiosk_agent.sales.model import Flow, SaleEvent
+from kiosk_agent.sales.model import REFUNDED_NOTHING, Flow, SaleEvent
 from kiosk_agent.sales.settings import ATTENTION_RECHECK
 from kiosk_agent.sales.states import NO_CHARGE_STEPS, SaleState, Step
 from kiosk_agent.sales.steps import (
+    RESOLVE,
     SWEEP_MONEY_RETRIES,
     SaleContext,
     SaleSteps,
@@ -39,7 +40,7 @@ from kiosk_agent.service.errors import ServiceError
 from kiosk_agent.tasks import BackgroundTask
 
 if TYPE_CHECKING:
-    pass
+    from kiosk_agent.sales.reconcile import TransactionLookup
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -171,6 +172,7 @@ class AttentionSweeper:
                     lookup.trans_id,
                     lookup.amount_cents,
                     state=SaleState.REVERSING,
+                    refunded_before=lookup.refunded_before_cents,
                 )
                 given_back.append(
                     await steps.reverse("a charge the service made after the sale had ended")
@@ -210,6 +212,8 @@ class AttentionSweeper:
         deadline = steps.answer_deadline()
         asked_at = self.clock.monotonic()
         lookup = await steps.reconciler.find_charge(steps.record.all_order_ids())
+        if lookup.unknown and lookup.why and self._still_attention(steps):
+            return self._undecided(steps, lookup.why)
         if lookup.unknown or not self._still_attention(steps):
             return None
         if lookup.approved:
@@ -217,7 +221,8 @@ class AttentionSweeper:
                 return None
             found = {"found": "charge", "trans_id": lookup.trans_id}
             steps.step(Step.ATTENTION_RECHECK, detail=found, if_state=SaleState.ATTENTION)
-            steps.charge_found(Step.ATTENTION_FOUND, lookup.trans_id, lookup.amount_cents)
+            steps.charge_found(Step.ATTENTION_FOUND, lookup.trans_id, lookup.amount_cents,
+                               refunded_before=lookup.refunded_before_cents)
             return await steps.reverse("a charge found later in reporting, not vended")
         if lookup.reversed:
             return await steps.found_given_back(
@@ -242,14 +247,15 @@ class AttentionSweeper:
             return None
         if lookup.reversed:
             refunded = lookup.refunded
-            if refunded and lookup.amount_cents == 0 and "refunded for $0.00" in record.message:
+            if refunded and lookup.amount_cents == 0 and REFUNDED_NOTHING in record.message:
                 return None  # said already: a person decides
-            return steps.given_back(
+            return steps.given_back_found(
                 Step.ATTENTION_DONE, Step.ATTENTION_FOUND, "given back (found in reporting)",
-                lookup.reverse_trans_id, lookup.amount_cents, voided=not refunded,
-                if_state=SaleState.ATTENTION,
+                lookup, if_state=SaleState.ATTENTION,
             )
         vended = record.vended_cents
+        if lookup.partly_refunded:
+            return await self._partly_refunded(steps, lookup, may_move_money)
         if lookup.captured and vended:
             # what the capture asked: the vend (a charge-card's: its price, taken at once)
             asked = record.amount_cents if record.flow == Flow.CHARGE_CARD else vended
@@ -275,6 +281,41 @@ class AttentionSweeper:
             return await steps.capture(vended)
         return await steps.reverse("money held without a confirmed vend (found in reporting)")
 
+
+    async def _partly_refunded(
+        self, steps: SaleSteps, lookup: TransactionLookup, may_move_money: bool
+    ) -> SaleEvent | None:
+        """The sale's charge, reporting shows, partly refunded (by a person at the portal,
+        say) while the sale waited here. Not vended, the rest is the customer's, still held:
+        given back as the sale says it will be, what was refunded before journaled with it
+        as when such a charge is found (``charge_found``). Vended, it was earned, and the
+        refund is the merchant's own decision: nothing is moved. Refunds whose rows do not sum
+        to more than nothing and less than the charge prove nothing: a person decides.
+        (2026-11-30: neither held nor given back to the sweep, it stayed, the rest held, under
+        words saying the agent would give it back.)"""
+        charge = lookup.amount_cents
+        before = sum(lookup.refunds_cents)
+        if (steps.record.vended_cents or not may_move_money or not charge
+                or not lookup.refunds_cents or not 0 < before < charge):
+            return None
+        steps.step(Step.ATTENTION_RECHECK, detail={"found": "partly refunded",
+                                                  "action": "reverse"},
+                   if_state=SaleState.ATTENTION, captured_cents=charge, reversed_cents=before)
+        return await steps.reverse("money held without a confirmed vend (found in reporting)")
+
+    def _undecided(self, steps: SaleSteps, why: str) -> SaleEvent | None:
+        """What reporting shows, the agent cannot act on (a charge in a status it does not
+        know): the sale says so, a person decides (written once; a later sweep finding the same
+        writes nothing). Before, only the log said it, and the sale kept whatever message it
+        had (none in a journal another tool wrote)."""
+        if why in steps.record.message:
+            return None
+        return steps.finish(
+            SaleState.ATTENTION, Step.ATTENTION_FOUND,
+            f"{why}: the agent moves no money on it and asks again "
+            f"{self.context.recheck.when()}; a person decides ({RESOLVE})",
+            if_state=SaleState.ATTENTION,
+        )
 
     def _captured_nothing(self, steps: SaleSteps, vended: int) -> SaleEvent | None:
         """Reporting shows the dispensed sale's capture made for $0.00: it stays for a person,

@@ -87,7 +87,13 @@ def vend_refusal(price_cents: int, authorized_cents: int, product: str | None = 
     return ""
 
 
-class PriceAboveMaximum(ValueError):
+class BadAmount(ValueError):
+    """A sale's amount the agent refuses (not above zero, above ``max_price``): the trigger's
+    amount is what was wrong, and a platform says so in its own words (the kiosk API's
+    ``400 amount``). Any other ``ValueError`` out of a start is not the amount's."""
+
+
+class PriceAboveMaximum(BadAmount):
     """A trigger asked for more than its configured ``max_price``."""
 
 
@@ -172,7 +178,9 @@ class SaleEvent:
     state: SaleState
     amount_cents: int
     captured_cents: int = 0
-    reversed_cents: int = 0  # given back (void or refund), on a REVERSED sale
+    # given back (void or refund), on a REVERSED sale; on an open one, what a charge found
+    # partly refunded had given back before the agent looked
+    reversed_cents: int = 0
     product: str | None = None
     terminal: str | None = None
     message: str = ""
@@ -225,6 +233,10 @@ class SaleMoney(Protocol):
 # ``nothing_captured`` writes them; :func:`money_text` reads them): its ``captured_cents`` 0 is
 # then a figure, the service's, where elsewhere 0 is "no capture yet" (the column has no null).
 CAPTURED_NOTHING = "reporting shows $0.00 captured"
+# The words of a sale whose charge reporting shows refunded for $0.00 (steps' ``refunded_nothing``
+# writes them after the trans id; :func:`money_text` reads them): the money may still be held,
+# or may be back, and the sale says "may be", not "held".
+REFUNDED_NOTHING = "refunded for $0.00"
 
 
 def money_text(sale: SaleMoney) -> str:
@@ -242,6 +254,13 @@ def money_text(sale: SaleMoney) -> str:
             return (f"{dollars(0)} captured of {dollars(sale.vended_cents)} dispensed, "
                     "undecided")
         held = sale.captured_cents or sale.authorized_cents
+        if held and REFUNDED_NOTHING in sale.message:
+            # reporting shows the charge refunded for nothing: it may be held, or back (said
+            # "$3.00 held" where the service shows a $3.00 refund's row and a $0.00 charge)
+            return f"{dollars(held)} may be held, undecided"
+        if held and sale.reversed_cents:  # a charge found partly refunded: the rest is held
+            return (f"{dollars(max(0, held - sale.reversed_cents))} held, undecided "
+                    f"({dollars(sale.reversed_cents)} given back)")
         if held:
             return f"{dollars(held)} held, undecided"
         return f"{dollars(sale.amount_cents)}, outcome unknown"
@@ -259,6 +278,9 @@ def money_text(sale: SaleMoney) -> str:
         if kept:
             return f"{dollars(kept)} charged{given_back}"
         return f"nothing charged{given_back}"
+    if sale.captured_cents and sale.reversed_cents:  # a charge found partly refunded, open
+        return (f"{dollars(max(0, sale.captured_cents - sale.reversed_cents))} charged "
+                f"({dollars(sale.reversed_cents)} given back)")
     if sale.captured_cents:
         return f"{dollars(sale.captured_cents)} charged"
     if sale.authorized_cents:

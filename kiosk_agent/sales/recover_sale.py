@@ -191,8 +191,10 @@ class SaleRecoverer:
             raise RuntimeError(f"sale {record.sale_id}: no transaction id to look up")
         lookup = await steps.reconciler.transaction_state(record.trans_id)
         if lookup.reversed:
-            return steps.given_back(
+            # the charge's row names its whole amount: of a charge found partly refunded, the
+            # agent gave back only the rest (2026-11-30: reversed 400 cents of a $3.00 charge)
+            return steps.given_back_found(
                 Step.RECOVERY_DONE, Step.RECOVERY_UNDECIDED, f"{record.message}; given back",
-                lookup.reverse_trans_id, lookup.amount_cents, voided=not lookup.refunded,
+                lookup,
             )
         return await steps.reverse(record.message or "interrupted while giving the money back")

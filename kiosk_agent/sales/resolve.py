@@ -78,7 +78,8 @@ def resolve(
     money = (
         {"captured_cents": record.captured_cents or held}
         if as_ == "captured"
-        else {"reversed_cents": record.reversed_cents or record.captured_cents or held}
+        # given back: all the charge, also one partly refunded before (its part journaled)
+        else {"reversed_cents": max(record.reversed_cents, record.captured_cents or held)}
     )
     if as_ != "captured" and record.flow == Flow.CHARGE_CARD:
         # a charge-card captures at once: what was given back had been charged, not held

@@ -29,6 +29,7 @@ from kiosk_agent.sales.live import SaleFlow
 from kiosk_agent.sales.model import STOPPING as STOPPING  # re-exported: where callers look
 from kiosk_agent.sales.model import AgentStopping as AgentStopping
 from kiosk_agent.sales.model import (
+    BadAmount,
     DispenseOutcome,
     Dispenser,
     Flow,
@@ -295,7 +296,7 @@ class SaleRunner:
             raise TypeError(f"amount_cents must be integer cents, got {request.amount_cents!r}")
         if request.amount_cents <= 0:
             # enroll too: the terminal shows an amount while it reads the card
-            raise ValueError(f"a sale needs an amount above zero, got {request.amount_cents}")
+            raise BadAmount(f"a sale needs an amount above zero, got {request.amount_cents}")
         self._check_max_price(request)
         if request.chosen_at_machine and request.flow is not Flow.AUTHORIZE_CAPTURE:
             # charge_card would take the most the customer may choose, whatever was chosen

@@ -26,7 +26,7 @@ from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.deadlines import AnswerDeadlines
 from kiosk_agent.sales.journal import HeldStep, Journal, JournalError, SaleRecord
 from kiosk_agent.sales.lost_reads import LostReads
-from kiosk_agent.sales.model import CAPTURED_NOTHING, Flow, SaleEvent
+from kiosk_agent.sales.model import CAPTURED_NOTHING, REFUNDED_NOTHING, Flow, SaleEvent
 from kiosk_agent.sales.settings import SaleSettings
 from kiosk_agent.sales.states import REQUEST_STEPS, ReportingSteps, SaleState, Step
 from kiosk_agent.sales.unit import OwnUnit
@@ -48,7 +48,7 @@ from kiosk_agent.service.models import (
 from kiosk_agent.service.trans_ids import trans_key
 
 if TYPE_CHECKING:
-    from kiosk_agent.sales.reconcile import ChargeLookup, Reconciler
+    from kiosk_agent.sales.reconcile import ChargeLookup, Reconciler, TransactionLookup
     from kiosk_agent.service.client import ServiceClient
 
 
@@ -347,15 +347,21 @@ class SaleSteps:
         cents: int | None,
         detail: Mapping[str, Any] | None = None,
         state: SaleState | None = None,
+        refunded_before: int = 0,
     ) -> int:
         """Journal a charge that holds money: from its answer, or found after a lost one.
 
         A charge-card captures at once, an authorization only holds; an answer without an
-        amount holds the sale's price. Returns the cents held.
+        amount holds the sale's price. Returns the cents held. ``refunded_before``: of a charge
+        found partly refunded, what was given back before the agent looked (journaled as given
+        back: the sale holds the rest, and its give-back says both).
         """
         cents = self.record.amount_cents if cents is None else cents
-        self.step(name, state, detail=detail, **self._charge_fields(trans_id, cents))
-        return cents
+        fields = self._charge_fields(trans_id, cents)
+        if refunded_before:  # refunded: captured, whatever the flow asked
+            fields.update(captured_cents=cents, reversed_cents=refunded_before)
+        self.step(name, state, detail=detail, **fields)
+        return cents - refunded_before
 
     def _charge_fields(self, trans_id: str | None, cents: int) -> dict[str, Any]:
         """The journal fields of a charge made: a charge-card captures at once."""
@@ -437,7 +443,8 @@ class SaleSteps:
             asked = clock.monotonic()  # reporting may answer what it knew when asked, not later
             lookup = await self.reconciler.find_charge(self.record.all_order_ids())
             if lookup.approved:
-                self.charge_found(steps.found, lookup.trans_id, lookup.amount_cents)
+                self.charge_found(steps.found, lookup.trans_id, lookup.amount_cents,
+                                  refunded_before=lookup.refunded_before_cents)
                 return await self.reverse(f"{why}; the charge was found in reporting, not vended")
             if lookup.reversed:
                 return await self.found_given_back(
@@ -589,10 +596,8 @@ class SaleSteps:
             except _REVERSE_UNCLEAR as err:
                 lookup = await self.reconciler.transaction_state(trans_id)
                 if lookup.reversed:
-                    return self._reversed(
-                        why, lookup.reverse_trans_id, lookup.amount_cents,
-                        voided=not lookup.refunded,
-                    )
+                    return self.given_back_found(Step.REVERSE_DONE, Step.REVERSE_FAILED, why,
+                                                 lookup, sent=True)
                 if attempt == 2 or (isinstance(err, BadRequestError) and not lookup.known):
                     return self.finish(
                         SaleState.ATTENTION, Step.REVERSE_FAILED, self._not_given_back(why, err)
@@ -631,9 +636,8 @@ class SaleSteps:
         unproven, the sale is not called reversed while the money may still be held."""
         lookup = await self.reconciler.transaction_state(trans_id)
         if lookup.reversed:
-            return self._reversed(
-                why, lookup.reverse_trans_id, lookup.amount_cents, voided=not lookup.refunded
-            )
+            return self.given_back_found(Step.REVERSE_DONE, Step.REVERSE_FAILED, why, lookup,
+                                         sent=True)
         answered = (f"{result.result} {result.resp_text}: {format_cents(result.amount)} "
                     f"of {result.trans_id}")
         return self.finish(
@@ -662,7 +666,10 @@ class SaleSteps:
 
     @property
     def _held_cents(self) -> int:
-        return self.record.captured_cents or self.record.authorized_cents
+        """What the sale's charge still holds: all of it, or the rest of one found partly
+        refunded (its refunds before the agent looked are journaled as given back)."""
+        held = self.record.captured_cents or self.record.authorized_cents
+        return max(0, held - self.record.reversed_cents)
 
     def _reversed(
         self, why: str, reverse_trans_id: str | None, cents: int | None, voided: bool = True
@@ -670,9 +677,36 @@ class SaleSteps:
         return self.given_back(Step.REVERSE_DONE, Step.REVERSE_FAILED, why, reverse_trans_id,
                                cents, voided)
 
+    def given_back_found(
+        self, done: Step, undecided: Step, why: str, lookup: TransactionLookup,
+        sent: bool = False, **changes: Any,
+    ) -> SaleEvent:
+        """The end of a sale whose charge reporting shows given back: the charge's row names
+        the charge's whole amount, of which the agent gave back what was not refunded before
+        (journaled with the charge: see :meth:`charge_found`). A void of it (reporting shows
+        the charge voided, its row the whole amount) released the rest too, never more
+        (2026-11-30: read as the whole charge on top of the part refunded before). ``sent``:
+        the agent's give-back was sent in this call, and a refund by it ended the charge's."""
+        cents = lookup.amount_cents
+        before = self.record.reversed_cents
+        refunds = lookup.refunds_cents
+        if (lookup.refunded and (before or sent) and cents and len(refunds) > 1
+                and sum(refunds) == cents):
+            # the service's own rows, whole: the latest refund ended the charge's refunds (the
+            # agent's), the others were a person's before it, some maybe while the agent's was
+            # on its way (2026-11-30: said as the journal had them when it looked)
+            held = refunds[-1]
+            return self.given_back(done, undecided, why, lookup.reverse_trans_id, held,
+                                   voided=False, held=held, before=cents - held, **changes)
+        if cents is not None and before:
+            cents = max(0, cents - before)
+        return self.given_back(done, undecided, why, lookup.reverse_trans_id, cents,
+                               voided=not lookup.refunded, **changes)
+
     def given_back(
         self, done: Step, undecided: Step, why: str, reverse_trans_id: str | None,
-        cents: int | None, voided: bool, held: int | None = None, **changes: Any,
+        cents: int | None, voided: bool, held: int | None = None, before: int | None = None,
+        **changes: Any,
     ) -> SaleEvent:
         """The end of a sale whose give-back an answer or reporting shows made, for ``cents``
         (None: no figure named, the money held). A void releases the whole hold: a voided row
@@ -680,7 +714,10 @@ class SaleSteps:
         gives nothing back: the agent cannot tell the money went back and refunds nothing
         again on its own; a person decides (``undecided``), told what reporting shows.
         ``held``: the money the charge held, where the journal does not hold it yet (a charge
-        found given back)."""
+        found given back). ``before``: what had been refunded before the agent's give-back,
+        where reporting's rows say it otherwise than the journal (with ``held``, the rest)."""
+        if before is None:
+            before = 0 if held is not None else self.record.reversed_cents
         held = self._held_cents if held is None else held
         if cents == 0 and not voided:
             return self.finish(
@@ -696,12 +733,20 @@ class SaleSteps:
         else:
             amount, shown = cents, ""
         how = "voided" if voided else "refunded"
+        if not voided and not self.record.captured_cents and "captured_cents" not in changes:
+            # a refund gives back a capture: the charge was taken, whatever the flow asked
+            # (2026-11-30: a charge found refunded read "$3.00 hold released", captured 0,
+            # where the service held it settled and refunded)
+            changes["captured_cents"] = before + held
+        if before:  # a charge found partly refunded: the agent gave back the rest
+            shown += (f", the rest of the {format_cents(before + held)} charge: "
+                      f"{format_cents(before)} of it had been refunded before")
         return self.finish(
             SaleState.REVERSED,
             done,
             f"{why}; {format_cents(amount)} {how}{shown}",
             reverse_trans_id=reverse_trans_id,
-            reversed_cents=amount,
+            reversed_cents=before + amount,
             **changes,
         )
 
@@ -854,7 +899,7 @@ class SaleSteps:
 
 def refunded_nothing(why: str, trans_id: str | None, held: int) -> str:
     """The words of a sale whose refund reporting shows made for $0.00."""
-    return (f"{why}; reporting shows {trans_id} refunded for {format_cents(0)}: a refund of "
+    return (f"{why}; reporting shows {trans_id} {REFUNDED_NOTHING}: a refund of "
             f"nothing gives nothing back, so the {format_cents(held)} may still be held; the "
             f"agent refunds nothing again on its own: a person decides ({RESOLVE})")
 

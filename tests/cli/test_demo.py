@@ -14,6 +14,7 @@ import json
 import os
 import re
 import signal
+import stat
 import sys
 import time
 from pathlib import Path
@@ -386,3 +387,125 @@ async def test_the_demo_shows_a_terminal_still_starting_when_its_view_begins() -
     assert starting.endswith(
         f"{READING}; the reader waits for the agent's start, the machine sells for cash")
     assert started.endswith("SIM-0001 in service: card readers enabled")
+
+
+def _demo_admin_file(home: Path) -> Path:
+    return home / ".local" / "state" / "kiosk-agent" / "demo-journal.db.admin"
+
+
+async def _health(home: Path, command: str = "health") -> tuple[int, str, str]:
+    """`kiosk-agent health -c config/demo.yaml --json` (or another command) as a field tech
+    runs it: a process."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "kiosk_agent", *command.split(), "-c", str(DEMO_CONFIG), "--json",
+        cwd=REPO, env={**_env(), "HOME": str(home)},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    async with asyncio.timeout(30):
+        out, err = await proc.communicate()
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
+async def test_health_on_the_demos_configuration_asks_the_running_demo(demo_home: Path) -> None:
+    """config/demo.yaml has no admin: section (no token in a config file): before, `health -c
+    config/demo.yaml` said "the agent serves no admin API" while the demo served one. The demo
+    writes its address and token beside its journal, 0600, while it runs; health asks it, and
+    what it says of today's sales is what the journal holds; once the demo ended, health says
+    no demo is running (exit 4), and the file is gone."""
+    from kiosk_agent.sales.journal import Journal
+
+    out, err = demo_home / "demo.out", demo_home / "demo.err"
+    proc = await _start_demo("--speed", "5", out=out, err=err)
+    admin_file = _demo_admin_file(demo_home)
+    try:
+        await until(lambda: "status page: " in _said(out), 30)
+        await until(lambda: " completed" in _said(out) or "captured" in _said(out), 30)
+        assert stat.S_IMODE(admin_file.stat().st_mode) == 0o600
+        token = json.loads(admin_file.read_text())["token"]
+        assert token in _said(out)  # the token the demo shows to log in with
+        journal = Journal(admin_file.with_name("demo-journal.db"))
+        journal.open()
+        try:
+            before = journal.today()
+            code, said, complaint = await _health(demo_home)
+            after = journal.today()
+        finally:
+            journal.close()
+        assert code in (0, 1), complaint  # answered: ok, or degraded with its problems
+        assert token not in said + complaint  # never printed by health
+        sales = json.loads(said)["sales"]
+        assert before[0] <= sales["today_count"] <= after[0]
+        assert before[1] <= sales["today_amount_cents"] <= after[1]
+        # the readers, as the demo's agent has them from its simulator (before: exit 4, "no
+        # admin: section to ask its agent"; no second simulator is started for the command)
+        code, said, complaint = await _health(demo_home, "terminals list")
+        assert code == 0, complaint
+        assert {"SIM-0007", "SIM-0008"} <= {t["device_id"] for t in json.loads(said)}
+        os.kill(proc.pid, signal.SIGINT)
+        async with asyncio.timeout(30):
+            assert await proc.wait() == 0, err.read_text()
+    finally:
+        if proc.returncode is None:
+            os.kill(proc.pid, signal.SIGKILL)
+    assert not admin_file.exists()
+    code, said, complaint = await _health(demo_home)
+    assert code == 4
+    assert "no demo is running" in said + complaint
+
+
+@pytest.mark.parametrize(("mode", "pid", "code", "said"), [
+    (0o644, None, 2, "not trusted"),  # readable by others: its token is not used
+    (0o600, 2**22 + 1, 4, "is no longer running"),  # a demo killed, its file left
+])
+def test_health_trusts_a_demos_file_only_when_it_is_its_own_and_running(
+    demo_home: Path, capsys: pytest.CaptureFixture[str], mode: int, pid: int | None, code: int,
+    said: str,
+) -> None:
+    admin_file = _demo_admin_file(demo_home)
+    admin_file.parent.mkdir(parents=True)
+    admin_file.write_text(json.dumps({"url": "http://127.0.0.1:9", "token": "t0ken-s3cret",
+                                      "pid": pid or os.getpid()}))
+    admin_file.chmod(mode)
+    assert main(["health", "-c", str(DEMO_CONFIG)]) == code
+    shown = capsys.readouterr()
+    assert said in shown.out + shown.err
+    assert "t0ken-s3cret" not in shown.out + shown.err
+
+
+def test_health_on_a_demos_file_whose_process_id_was_reused_says_the_demo_ended(
+    demo_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A demo killed with -9 left its file, and its process id now names another process (this
+    test's own, which serves no admin API). The file says when its demo's process started: a
+    process started otherwise is not the demo, and health says the demo no longer runs and how
+    to start it (exit 4), its token unused. Before, it asked the old address and gave the
+    systemd hint of an agent installed as a service, which a demo is not."""
+    admin_file = _demo_admin_file(demo_home)
+    admin_file.parent.mkdir(parents=True)
+    admin_file.write_text(json.dumps({"url": "http://127.0.0.1:9", "token": "t0ken-s3cret",
+                                      "pid": os.getpid(), "started": "1"}))
+    admin_file.chmod(0o600)
+    assert main(["health", "-c", str(DEMO_CONFIG)]) == 4
+    shown = capsys.readouterr()
+    said = shown.out + shown.err
+    assert "is no longer running" in said, said
+    assert "systemctl" not in said, said
+    assert "t0ken-s3cret" not in said
+
+
+def test_health_does_not_follow_a_link_in_place_of_the_demos_file(
+    demo_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A link where the demo's file belongs (to a file of the user's own, 0600, that reads as a
+    demo's) is not the demo's: not trusted, exit 2, its token unused."""
+    admin_file = _demo_admin_file(demo_home)
+    admin_file.parent.mkdir(parents=True)
+    target = demo_home / "elsewhere"
+    target.write_text(json.dumps({"url": "http://127.0.0.1:9", "token": "t0ken-s3cret",
+                                  "pid": os.getpid()}))
+    target.chmod(0o600)
+    admin_file.symlink_to(target)
+    assert main(["health", "-c", str(DEMO_CONFIG)]) == 2
+    shown = capsys.readouterr()
+    assert "not trusted" in shown.out + shown.err
+    assert "t0ken-s3cret" not in shown.out + shown.err

@@ -1556,3 +1556,36 @@ async def test_a_plain_sales_body_is_checked_without_calls_for_what_it_does_not_
     assert (status, refused["field"]) == (400, "customer")
     status, refused = await app.post("/sales", {"product": "coffee", "email": "x" * 300 + "@a"})
     assert (status, refused["field"]) == (400, "email")
+async def test_a_sale_given_back_tells_the_app_what_was_given_back(
+    tmp_path: Path, sim_settings: Any
+) -> None:
+    """A charge-card sale whose dispense failed is refunded (voided): its steps carry
+    ``reversed_cents`` beside ``captured_cents``, the journal's own figures, on the stream and
+    in ``GET /sales/{id}``, so an app can say "$2.50 given back" without reading the state.
+    Before, a step said captured 250 and nothing of the give-back."""
+    async for app in _app(tmp_path, sim_settings, confirm_dispense=True):
+        _, failed = await app.post("/sales", {"product": "coffee"})
+        async with app.sale_stream(failed["sale_id"]) as ws:
+            async for message in ws:
+                step = message.json()
+                if step["state"] == "dispensing":
+                    await app.post(f"/sales/{failed['sale_id']}/dispensed",
+                                   {"status": "failed", "detail": "cup jammed"})
+                last = step
+        assert last["state"] == "reversed"
+        record = app.api.agent.journal.get(failed["sale_id"])
+        assert record is not None
+        assert (last["captured_cents"], last["reversed_cents"]) == (
+            record.captured_cents, record.reversed_cents) == (250, 250)
+        status, latest = await app.get(f"/sales/{failed['sale_id']}")
+        assert status == 200
+        assert latest["reversed_cents"] == 250
+        _, paid = await app.post("/sales", {"amount": 150})
+        async with app.sale_stream(paid["sale_id"]) as ws:
+            async for message in ws:
+                step = message.json()
+                if step["state"] == "dispensing":
+                    await app.post(f"/sales/{paid['sale_id']}/dispensed", {"status": "vended"})
+                last = step
+        assert (last["state"], last["captured_cents"], last["reversed_cents"]) == (
+            "completed", 150, 0)

@@ -14,6 +14,7 @@ import pytest
 import pytest_asyncio
 
 from kiosk_agent.cli.sim import settings_from_ready
+from kiosk_agent.sales import runner
 from kiosk_agent.sim.context import SimOptions
 from kiosk_agent.sim.server import SimServer
 
@@ -137,3 +138,29 @@ async def test_an_enrollment_without_what_the_vault_needs_is_refused_naming_the_
     assert answer["field"] == field
     assert message in answer["message"]
     assert refusing_app.api.agent.journal.count() == 0  # refused before anything is journaled
+
+
+async def test_an_unexpected_error_in_a_start_is_not_called_the_apps_amount(
+    refusing_app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ValueError out of the start that is not about the amount (here: making the sale's
+    ids, as a unit's id the agent cannot write would). Before, every ValueError was answered
+    400 "amount": the app told its customer the price was wrong. It is the site's counted,
+    logged 503 "unavailable", naming no field; nothing is journaled, and the API goes on."""
+
+    def ids_fail(unit: object) -> tuple[str, str]:
+        raise ValueError("a unit id that is not hexadecimal")
+
+    site = refusing_app.api._site
+    unexpected = site.unexpected
+    monkeypatch.setattr(runner, "new_ids", ids_fail)
+    status, answer = await refusing_app.post("/sales", {"amount": "1.00"})
+    assert status == 503
+    assert (answer["error"], answer["field"]) == ("unavailable", None)
+    assert "amount" not in answer["message"]
+    assert site.unexpected == unexpected + 1  # counted, shown in health
+    assert refusing_app.api.status()["unexpected"] == unexpected + 1
+    assert refusing_app.api.agent.journal.count() == 0
+    monkeypatch.undo()
+    status, answer = await refusing_app.post("/sales", {"amount": "0.00"})
+    assert (status, answer["field"]) == (400, "amount")  # the API goes on, and names it

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,37 @@ async def test_a_charge_found_partly_refunded_is_given_back_not_called_no_charge
     assert statuses[trans_id] is TransStatus.REFUNDED  # all of it back on the card now
     refunds = [s for s in statuses.values() if s is TransStatus.REFUND]
     assert len(refunds) == 2  # the person's $1.00 and the agent's rest
+
+
+async def test_a_charge_found_partly_refunded_is_told_in_what_the_agent_gave_back(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path
+) -> None:
+    """The same sale: the agent gives back the $2.00 still held, and $1.00 was refunded before
+    it looked. Before, its message said "$3.00 refunded", as if the agent had given back all
+    of it. The message names each amount; the journal holds what the service does: the charge,
+    and the whole of it given back (the two refunds' rows, summed as Decimal dollars)."""
+    sim = await sim_factory(time_scale=300, transactions=0)
+    agent = await attention_sale(agent_factory, sim, tmp_path)
+    trans_id = await authorize(agent.service, "KACRASHED1", capture=True)
+    sim.ctx.ledger.update(trans_id, trans_status_id=TransStatus.SETTLED)
+    before = await agent.service.payments.void_or_refund(trans_id, amount=100)
+    [event] = await agent.attention.sweep()
+    assert event.state is SaleState.REVERSED, event.message
+    found = {row.trans_id: row for row in await rows(agent.service, "KACRASHED1")}
+    refunds = {t: row for t, row in found.items() if row.status is TransStatus.REFUND}
+    [agents] = [row for t, row in refunds.items() if t != before.trans_id]
+    assert agents.amount == Decimal("2.00")  # what the agent gave back, by the service
+    assert "$2.00 refunded" in event.message, event.message
+    assert "$3.00 refunded" not in event.message, event.message
+    assert "$1.00 of it had been refunded before" in event.message, event.message
+    record = agent.journal.get("crashed1")
+    assert record is not None
+    assert record.message == event.message
+    # the journal holds the charge and all of it given back, as the service does
+    assert Decimal(record.authorized_cents) / 100 == found[trans_id].amount
+    assert Decimal(record.reversed_cents) / 100 == sum(r.amount for r in refunds.values())
+    assert record.reverse_trans_id == agents.trans_id
+    assert Decimal(record.captured_cents) / 100 == found[trans_id].amount  # refunded: captured
 
 
 async def test_a_charge_in_a_status_the_agent_does_not_know_goes_to_a_person(

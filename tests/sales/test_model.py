@@ -38,6 +38,12 @@ def _sale(state: SaleState, **cents: int) -> SaleRecord:
         (SaleState.DECLINED, {}, "nothing charged"),
         (SaleState.ATTENTION, {"captured_cents": 666}, "$6.66 held, undecided"),
         (SaleState.ATTENTION, {}, "$5.00, outcome unknown"),
+        # a charge found partly refunded ($1.00 of $3.00 before the agent looked): the rest is
+        # what is held, not the whole charge
+        (SaleState.ATTENTION, {"captured_cents": 300, "reversed_cents": 100},
+         "$2.00 held, undecided ($1.00 given back)"),
+        (SaleState.REVERSING, {"captured_cents": 300, "reversed_cents": 100},
+         "$2.00 charged ($1.00 given back)"),
     ],
 )
 def test_money_says_what_was_taken_held_or_is_unknown(
@@ -97,3 +103,13 @@ def test_a_capture_of_nothing_is_said_as_captured_not_held() -> None:
         "$0.00 captured of $1.75 dispensed, undecided")
     failed = replace(shown, message="dispensed, but the capture failed twice")
     assert money_text(failed) == "$5.00 held, undecided"
+
+
+def test_a_charge_shown_refunded_for_nothing_reads_may_be_held() -> None:
+    """Reporting shows the sale's charge refunded for $0.00 (and, often, a refund's row for all
+    of it): the money may be held or back. Before, every face said "$3.00 held, undecided", a
+    certainty the journal's own words ("may still be held") do not have."""
+    words = ("already given back; reporting shows 7001 refunded for $0.00: a refund of nothing "
+             "gives nothing back, so the $3.00 may still be held")
+    sale = replace(_sale(SaleState.ATTENTION, authorized_cents=300, amount=300), message=words)
+    assert money_text(sale) == "$3.00 may be held, undecided"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
 
@@ -9,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kiosk_agent.sales.reconcile import _HELD, _REVERSED, Reconciler
+from kiosk_agent.sales.reconcile import _HELD, _NONE_HELD, _PARTLY_HELD, _REVERSED, Reconciler
 from kiosk_agent.service.models.reporting import Transaction, TransStatus
 from kiosk_agent.service.trans_ids import trans_key
 
@@ -17,6 +19,26 @@ from kiosk_agent.service.trans_ids import trans_key
 def test_held_and_reversed_are_reportings_statuses_by_name() -> None:
     assert frozenset({TransStatus.AUTHORIZED, TransStatus.CAPTURED, TransStatus.SETTLED}) == _HELD
     assert frozenset({TransStatus.VOIDED, TransStatus.REFUNDED}) == _REVERSED
+
+
+def test_the_reconciler_reads_every_status_by_the_one_contract_and_each_once() -> None:
+    """The service's statuses have one contract (TransStatus): the reconciler's sets hold its
+    members, not bare ints that equal them (a 4 meant VOIDED only by a comment), and every
+    status the interface names is read one way: held, partly held, given back or none held."""
+    groups = [_HELD, {_PARTLY_HELD}, _REVERSED, _NONE_HELD]
+    named = [status for group in groups for status in group]
+    assert all(type(status) is TransStatus for status in named), named
+    assert sorted(named) == sorted(TransStatus)  # each once, none left out
+
+
+def test_the_statuses_are_read_without_the_reporting_models() -> None:
+    """Naming the statuses at import costs no pydantic model: reporting's are built at the
+    first lookup, not with every agent."""
+    code = ("import sys; import kiosk_agent.sales.reconcile; "
+            "print('kiosk_agent.service.models.reporting' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "False"
 
 
 # -- a reporting answer that disagrees with its question (rule 13: only money the unit can
@@ -151,6 +173,13 @@ async def test_whatever_reporting_answers_a_lookup_takes_only_what_was_asked_abo
                    and r.amount_cents >= 0 for r in ours)
         assert found.amount_cents is not None
         assert found.amount_cents >= 0  # no negative figure is ever acted on
+        # partly refunded: what its own refunds' rows (of the merchant) gave back before,
+        # more than nothing and less than the charge
+        before = found.refunded_before_cents
+        refunds = [r for r in rows if r.status is TransStatus.REFUND and r.mid in (MID, "")
+                   and trans_key(r.related_trans_id) == trans_key(found.trans_id)]
+        assert before == 0 or (0 < before < found.amount_cents
+                               and before == sum(r.amount_cents for r in refunds))
     elif not found.unknown:
         assert not any(r.status in holding or r.status is None for r in ours)
     if found.reversed:
@@ -166,3 +195,29 @@ async def test_whatever_reporting_answers_a_lookup_takes_only_what_was_asked_abo
         if state.reverse_trans_id is not None:
             # a refund's own row, else (a void, or its row not shown) the charge's own id
             assert state.reverse_trans_id in {*(r.trans_id for r in rows), "700000000001"}
+
+
+async def test_a_charge_found_partly_refunded_names_what_its_refunds_gave_back() -> None:
+    """A $3.00 charge under the sale's order id, partly refunded: its refund's row ($1.00,
+    naming it) is what was given back before the agent looked; the rest is held."""
+    charge = _row("700000000001", ASKED, TransStatus.PARTIALLY_REFUNDED, amount=3.00)
+    refund = _row("700000000002", ASKED, TransStatus.REFUND, amount=1.00,
+                  related_trans_id="700000000001")
+    found = await _reconciler(charge, refund).find_charge([ASKED])
+    assert (found.approved, found.trans_id) == (True, "700000000001")
+    assert (found.amount_cents, found.refunded_before_cents) == (300, 100)
+
+
+@pytest.mark.parametrize("refunded", [[], [3.00], [2.00, 1.50]])
+async def test_a_charge_partly_refunded_whose_refunds_do_not_say_so_decides_nothing(
+    refunded: list[float], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Partly refunded, and its refunds' rows give back nothing, or all of it or more: what
+    it still holds cannot be told, so the lookup says unknown and a person decides."""
+    charge = _row("700000000001", ASKED, TransStatus.PARTIALLY_REFUNDED, amount=3.00)
+    refunds = [_row(f"70000000001{n}", ASKED, TransStatus.REFUND, amount=amount,
+                    related_trans_id="700000000001") for n, amount in enumerate(refunded)]
+    found = await _reconciler(charge, *refunds).find_charge([ASKED])
+    assert found.unknown
+    assert not found.approved
+    assert "partly refunded" in caplog.text

@@ -81,6 +81,7 @@ _NAMED: dict[str, str] = {
         "payments",
     ),
     **dict.fromkeys(["VaultAccountRequest", "VaultAccountType", "VaultPaymentAccount"], "vault"),
+    "TransStatus": "statuses",  # reporting's, without building its models
     **dict.fromkeys(
         [
             "BillingPlan", "BillingPlanCreated", "BillingPlanRequest", "BillingPlanStatus",

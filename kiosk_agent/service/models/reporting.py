@@ -19,6 +19,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from kiosk_agent.money import reported_dollars_to_cents
 from kiosk_agent.service.models.common import Dollars, ServiceModel, empty_list
+from kiosk_agent.service.models.statuses import TransStatus
 
 __all__ = [
     "Page",
@@ -52,37 +53,6 @@ def _id_text(value: object) -> object:
 
 
 RecordId = Annotated[str, BeforeValidator(_id_text)]
-
-
-class TransStatus(enum.IntEnum):
-    """``trans_status_id`` of a reported transaction."""
-
-    AUTHORIZED = 1
-    CAPTURED = 2
-    SETTLED = 3
-    VOIDED = 4
-    REFUND = 5  # the refund's own row
-    DECLINED = 6
-    RETRY = 7
-    PARTIALLY_REFUNDED = 8
-    REFUNDED = 9
-
-    @classmethod
-    def parse(cls, text: str) -> "TransStatus":
-        """``"3"``, ``"settled"`` or ``"SETTLED"`` -> SETTLED."""
-        text = text.strip()
-        if text.isdigit():
-            try:
-                return cls(int(text))
-            except ValueError:
-                pass
-        else:
-            try:
-                return cls[text.upper().replace("-", "_").replace(" ", "_")]
-            except KeyError:
-                pass
-        known = ", ".join(f"{s.value}={s.name.lower()}" for s in cls)
-        raise ValueError(f"unknown transaction status {text!r} (known: {known})")
 
 
 class Transaction(ReportRecord):
