@@ -73,8 +73,9 @@ class Recovery:
         self._released: set[str] = set()  # of those, the ones that had let their terminal go
         self.not_ours: list[str] = []  # open sales of another unit id, left as they are
         # sale id -> the monotonic time until which its vend is listened for (left dispensing),
-        # and its terminal (no new sale on it meanwhile: health says so, listening_problem)
-        self._listening: dict[str, tuple[float, str]] = {}
+        # the price it was approved for, and its terminal (no new sale on it meanwhile: health
+        # says so, listening_problem)
+        self._listening: dict[str, tuple[float, int, str]] = {}
         # told when a hearing ends (the agent: health.problem_changed, so the page hears it)
         self.on_listening_change: Callable[[], None] | None = None
         # waited for before any money moves: False when the journal's file is found damaged
@@ -105,11 +106,10 @@ class Recovery:
             by_terminal[record.terminal].append(record)
             if record.state is SaleState.DISPENSING:  # the machine may still report its vend
                 self.runner.was_dispensing(record)
-                left = self._vend_left(record)
-                if left > 0:  # before the triggers start: their setup waits for it
+                hearing = self._hearing(record)
+                if hearing is not None:  # before the triggers start: their setup waits for it
                     self.runner.listen_after_restart(record.sale_id)
-                    self._listening[record.sale_id] = (self.clock.monotonic() + left,
-                                                       record.terminal)
+                    self._listening[record.sale_id] = (*hearing, record.terminal)
             if released_its_terminal(record, self.journal):
                 self._released.add(record.sale_id)
             else:
@@ -220,27 +220,36 @@ class Recovery:
 
         return await SaleRecoverer(self.context, dispensing=self._dispensing).recover(steps)
 
-    def _vend_left(self, record: SaleRecord) -> float:
-        """Seconds left of the vend timeout of ``record``'s dispense, as this boot counts them;
-        0 when there is nothing to listen for: another boot (a power cut: the controller
-        restarted too, its vend is over), a machine that started anew with this agent (the
-        demo's ``virtual`` one), a sale whose vend price is not journaled (card first: the
-        customer's choice comes with the vend), or no dispense request journaled.
+    def _hearing(self, record: SaleRecord) -> tuple[float, int] | None:
+        """Until when (this boot's monotonic time) ``record``'s vend is listened for, and the
+        price it was approved for; None when there is nothing to listen for: another boot (a
+        power cut: the controller restarted too, its vend is over), a machine that started anew
+        with this agent (the demo's ``virtual`` one), a card-first sale whose customer had not
+        chosen (no vend was approved), no dispense request journaled, or its deadline passed.
 
-        The vend was approved in the commit that journaled the money's answer
+        Selection first, the vend was approved in the commit that journaled the money's answer
         (``approved_for_vend``): the ``dispense.request`` step's wall time, measured from the
-        money call's send (monotonic, this boot), within the call's answer window."""
+        money call's send (monotonic, this boot), within the call's answer window; at the price
+        asked. Card first, as its choice was journaled (the ``dispense.chosen`` step, with this
+        boot's monotonic time), at the chosen price. Then the trigger's ``vend_timeout``."""
         anchor = Anchor(record.sent_at or 0.0, record.sent_mono, record.sent_boot)
-        if (record.sent_at is None or not record.product or not anchor.same_boot(self.clock)
+        if (record.sent_at is None or anchor.mono is None or not anchor.same_boot(self.clock)
                 or not self.runner.hears_after_restart(record.source)):
-            return 0.0
-        asked = [s.at for s in self.journal.steps(record.sale_id)
-                 if s.step == Step.DISPENSE_REQUEST]
-        if not asked or anchor.mono is None:
-            return 0.0
-        window = float("inf") if record.answer_by is None else record.answer_by - record.sent_at
-        approved = anchor.mono + min(max(0.0, asked[-1] - record.sent_at), max(0.0, window))
-        return approved + self.runner.vend_timeout_of(record.source) - self.clock.monotonic()
+            return None
+        steps = self.journal.steps(record.sale_id)
+        chosen = [s.detail for s in steps if s.step == Step.DISPENSE_CHOSEN]
+        asked = [s.at for s in steps if s.step == Step.DISPENSE_REQUEST]
+        if chosen:
+            approved, cents = float(chosen[-1]["mono"]), int(chosen[-1]["cents"])
+        elif asked and record.product:  # no product: card first, nothing chosen
+            window = float("inf") if record.answer_by is None else (
+                record.answer_by - record.sent_at)
+            approved = anchor.mono + min(max(0.0, asked[-1] - record.sent_at), max(0.0, window))
+            cents = record.amount_cents
+        else:
+            return None
+        due = approved + self.runner.vend_timeout_of(record.source)
+        return (due, cents) if due > self.clock.monotonic() else None
 
     async def _dispensing(
         self, steps: SaleSteps, held_or_none: Callable[[SaleSteps, str], Awaitable[SaleEvent]]
@@ -255,7 +264,7 @@ class Recovery:
         if listening is None or future is None:
             self._stop_listening(record.sale_id)
             return await held_or_none(steps, why)
-        due = listening[0]
+        due, price = listening[0], listening[1]
         _LOGGER.warning("sale %s: left dispensing; listening for its vend result for %.1f s",
                         record.sale_id, max(0.0, due - self.clock.monotonic()))
         try:
@@ -277,10 +286,10 @@ class Recovery:
             return await held_or_none(
                 steps, f"dispense {outcome.status.value} {outcome.detail} (heard after the "
                        "restart)")
-        # the price the vend was approved for: the price asked, within what the money holds
+        # the price the vend was approved for (asked, or chosen), within what the money holds
         held = record.captured_cents if record.flow == Flow.CHARGE_CARD else (
             record.authorized_cents)
-        cents = min(record.amount_cents, held)
+        cents = min(price, held)
         if record.flow == Flow.CHARGE_CARD:
             return steps.finish(
                 SaleState.COMPLETED, Step.RECOVERY_DONE,
@@ -299,7 +308,7 @@ class Recovery:
         (a customer is refused: TerminalBusy). None when it listens for none."""
         now = self.clock.monotonic()
         shown = [f"sale {sale_id[:8]} on terminal {terminal} for {due - now:.0f} s more"
-                 for sale_id, (due, terminal) in self._listening.items()
+                 for sale_id, (due, _, terminal) in self._listening.items()
                  if due > now and self.runner.listening_after_restart(sale_id) is not None]
         if not shown:
             return None

@@ -329,6 +329,25 @@ class SaleSteps:
         else:
             self.events.publish(event)
 
+    def step_next_turn(
+        self,
+        name: Step,
+        state: SaleState | None = None,
+        message: str | None = None,
+        detail: Mapping[str, Any] | None = None,
+        **changes: Any,
+    ) -> SaleRecord:
+        """:meth:`step`, its own commit, published at the loop's next turn (as
+        ``one_commit(announce_next_turn=True)``): the vend's line the caller writes next in
+        this turn goes first."""
+        self._held = []
+        try:
+            written = self.step(name, state, message, detail, **changes)
+        finally:
+            held, self._held = self._held, None
+        self._publish_next_turn(held)
+        return written
+
     def _publish_next_turn(self, events: list[SaleEvent]) -> None:
         if self._next_turn is None:
             self._next_turn = []

@@ -242,7 +242,7 @@ def _recovery_acted(journal: Path, sale_id: str) -> tuple[float, float, str, str
 def given_back_at_once(journal: Path, sale_id: str, vend_timeout: float) -> None:
     """A start after a crash gave ``sale_id``'s money back without listening for its vend: the
     demo's ``virtual`` machine is made anew with each agent, so nothing of the last run's vend
-    can be heard (recovery.py ``_vend_left``); well before the vend's own deadline."""
+    can be heard (recovery.py ``_hearing``); well before the vend's own deadline."""
     approved, acted, step, state, message = _recovery_acted(journal, sale_id)
     assert acted < approved + vend_timeout - 1, (step, acted - approved)
     assert state == "reversed", (state, message)

@@ -475,7 +475,8 @@ async def test_a_capture_found_above_the_vend_at_recovery_is_put_to_a_person(
 
 
 async def _left_dispensing(
-    sim_factory: Any, tmp_path: Path, boot: str = "fake-boot-1", **fields: Any
+    sim_factory: Any, tmp_path: Path, boot: str = "fake-boot-1", product: str | None = "B1",
+    **fields: Any,
 ) -> tuple[Any, FakeClock]:
     """A sale a crashed agent left dispensing B1 on boot ``fake-boot-1``: authorized on a new
     simulator, approved a second before the next start, its answer due 29 s after (``fields``
@@ -486,7 +487,7 @@ async def _left_dispensing(
     clock = FakeClock(wall=time.time(), boot_id=boot)
     leave_open(
         tmp_path, state=SaleState.DISPENSING, trans_id=trans_id, authorized_cents=300,
-        product="B1", sent_at=clock.time() - 1, sent_mono=clock.monotonic() - 1,
+        product=product, sent_at=clock.time() - 1, sent_mono=clock.monotonic() - 1,
         sent_boot="fake-boot-1", answer_by=clock.time() + 29, **fields,
     )
     return sim, clock
@@ -569,3 +570,76 @@ async def test_a_vend_result_heard_as_the_listening_deadline_passes_is_not_dropp
     assert event.state is SaleState.COMPLETED, event.message
     [row] = await rows(agent.service, "KACRASHED1")
     assert row.status is TransStatus.CAPTURED
+
+
+async def _card_first_left_dispensing(
+    sim_factory: Any, tmp_path: Path, chose_ago: float | None
+) -> tuple[Any, FakeClock]:
+    """A card-first sale a crashed agent left dispensing: $3.00 authorized, no product named
+    with the request; its customer chose A2 at $2.50 ``chose_ago`` seconds before the next
+    start (None: had not chosen), as the flow journals it (``dispense.chosen``)."""
+    sim, clock = await _left_dispensing(sim_factory, tmp_path, product=None)
+    if chose_ago is not None:
+        journal = Journal(tmp_path / "journal.db")
+        journal.open()
+        record = journal.get("crashed1")
+        assert record is not None
+        journal.record(record, Step.DISPENSE_CHOSEN, product="A2", detail={
+            "product": "A2", "cents": 250, "mono": clock.monotonic() - chose_ago})
+        journal.close()
+    return sim, clock
+
+
+@pytest.mark.parametrize("heard", [True, False], ids=["success", "silence"])
+async def test_a_card_first_sale_left_dispensing_is_listened_for_from_its_choice(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path, heard: bool
+) -> None:
+    """Card first, the price comes with the customer's choice, journaled before its vend was
+    approved (with this boot's monotonic time): recovery listens for that vend until the choice
+    plus the vend timeout, as for a selection-first sale, and a success is captured at the
+    chosen price ($2.50), not the $3.00 held; silence gives the money back at that deadline.
+    Before, no price was journaled and the money went back at once."""
+    sim, clock = await _card_first_left_dispensing(sim_factory, tmp_path, chose_ago=0.5)
+    agent = await agent_factory(sim=sim, clock=clock)
+    started = clock.monotonic()
+    assert agent.sales.listening_after_restart("crashed1") is not None
+    deadline = started - 0.5 + agent.sales.vend_timeout_of("test")
+    await until(lambda: any(abs(due - deadline) < 0.1 for due in clock.pending()))  # listens
+    recovered = asyncio.ensure_future(agent.recovery.wait())
+    if heard:
+        success = DispenseOutcome(DispenseStatus.VENDED, 0, "A2", "vend success")
+        assert agent.sales.restart_vend_heard("crashed1", success)
+    else:  # its deadline: the choice, half a second before the start, plus the vend timeout
+        # (2 s); not the approval's (dispense.request, a second later than the choice here)
+        await clock.advance_to(deadline - 0.1)
+        await asyncio.sleep(0.05)
+        assert not recovered.done()
+        assert agent.journal.get("crashed1").state is SaleState.DISPENSING
+        await clock.advance_to(deadline)
+    [event] = await asyncio.wait_for(recovered, WAIT_S)  # the clock moved no further
+    [row] = await rows(agent.service, "KACRASHED1")
+    if heard:
+        assert (event.state, event.captured_cents, event.product) == (
+            SaleState.COMPLETED, 250, "A2"), event.message
+        assert (row.status, row.amount_cents) == (TransStatus.CAPTURED, 250)
+        return
+    assert event.state is SaleState.REVERSED
+    assert "no vend result within its vend timeout after the restart" in event.message
+    assert row.status is TransStatus.VOIDED
+
+
+async def test_a_card_first_sale_left_before_its_customer_chose_is_given_back_at_once(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path
+) -> None:
+    """Card first, the session was open but nobody had chosen: no vend was approved, nothing
+    can be heard of one, and the money goes back at once (no hearing holds the terminal)."""
+    sim, clock = await _card_first_left_dispensing(sim_factory, tmp_path, chose_ago=None)
+    agent = await agent_factory(sim=sim, clock=clock)
+    started = clock.monotonic()
+    assert agent.sales.listening_after_restart("crashed1") is None
+    [event] = await asyncio.wait_for(agent.recovery.wait(), WAIT_S)  # the clock never moved
+    assert clock.monotonic() == started
+    assert event.state is SaleState.REVERSED
+    assert "after the restart" not in event.message
+    [row] = await rows(agent.service, "KACRASHED1")
+    assert row.status is TransStatus.VOIDED
