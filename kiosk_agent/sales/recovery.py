@@ -19,21 +19,18 @@ that had released it (capturing, giving the money back) is recovered beside them
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
 
 from kiosk_agent.sales.clock import Anchor
 from kiosk_agent.sales.journal import Journal, JournalError, SaleMoved, SaleRecord
-from kiosk_agent.sales.model import DispenseOutcome, DispenseStatus, Flow, SaleEvent
+from kiosk_agent.sales.model import DispenseStatus, Flow, SaleEvent
 from kiosk_agent.sales.runner import SaleRunner
 from kiosk_agent.sales.states import SaleState, Step, TransitionRefused
 from kiosk_agent.sales.steps import SaleContext, SaleSteps
 from kiosk_agent.tasks import cancel_and_wait
-
-if TYPE_CHECKING:
-    pass
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -59,9 +56,7 @@ class Recovery:
 
     def __init__(self, context: SaleContext, runner: SaleRunner) -> None:
         self.context = context
-        self.service = context.service
         self.journal = context.journal
-        self.settings = context.settings
         self.runner = runner
         self.clock = context.clock
         self._task: asyncio.Task[list[SaleEvent]] | None = None
@@ -72,10 +67,6 @@ class Recovery:
         self.recovered = 0  # of those, driven to an end
         self._released: set[str] = set()  # of those, the ones that had let their terminal go
         self.not_ours: list[str] = []  # open sales of another unit id, left as they are
-        # sale id -> the monotonic time until which its vend is listened for (left dispensing),
-        # the price it was approved for, and its terminal (no new sale on it meanwhile: health
-        # says so, listening_problem)
-        self._listening: dict[str, tuple[float, int, str]] = {}
         # told when a hearing ends (the agent: health.problem_changed, so the page hears it)
         self.on_listening_change: Callable[[], None] | None = None
         # waited for before any money moves: False when the journal's file is found damaged
@@ -108,8 +99,9 @@ class Recovery:
                 self.runner.was_dispensing(record)
                 hearing = self._hearing(record)
                 if hearing is not None:  # before the triggers start: their setup waits for it
-                    self.runner.listen_after_restart(record.sale_id)
-                    self._listening[record.sale_id] = (*hearing, record.terminal)
+                    due, cents = hearing
+                    self.runner.listen_after_restart(record.sale_id, due=due, cents=cents,
+                                                     terminal=record.terminal)
             if released_its_terminal(record, self.journal):
                 self._released.add(record.sale_id)
             else:
@@ -254,26 +246,25 @@ class Recovery:
     async def _dispensing(
         self, steps: SaleSteps, held_or_none: Callable[[SaleSteps, str], Awaitable[SaleEvent]]
     ) -> SaleEvent:
-        """Left dispensing: listened for until its vend timeout when the machine may still say
-        how the vend ended (standing rule 13); then settled on what it said. Silence, or
-        nothing to listen for, gives the money back as before."""
+        """Left dispensing: listened for until its vend's deadline when the machine may still
+        say how the vend ended (standing rule 13); then settled on what it said, also when it
+        said so before recovery came to this sale. Silence, or nothing to listen for, gives the
+        money back as before."""
         why = "interrupted before the dispense was confirmed"
         record = steps.record
-        listening = self._listening.get(record.sale_id)
-        future = self.runner.listening_after_restart(record.sale_id)
-        if listening is None or future is None:
-            self._stop_listening(record.sale_id)
-            return await held_or_none(steps, why)
-        due, price = listening[0], listening[1]
-        _LOGGER.warning("sale %s: left dispensing; listening for its vend result for %.1f s",
-                        record.sale_id, max(0.0, due - self.clock.monotonic()))
+        vend = self.runner.restart_vend(record.sale_id)
         try:
-            outcome: DispenseOutcome | None = await self.clock.wait_for(
-                asyncio.shield(future), max(0.0, due - self.clock.monotonic()))
-        except TimeoutError:
-            # a result the runner took as the deadline passed (the platform counts it settled
-            # and makes no late vend of it): settled on, not dropped as silence
-            outcome = future.result() if future.done() else None
+            if vend is None:
+                return await held_or_none(steps, why)
+            if not vend.heard.done():
+                left = max(0.0, vend.due - self.clock.monotonic())
+                _LOGGER.warning("sale %s: left dispensing; listening for its vend result for "
+                                "%.1f s", record.sale_id, left)
+                # a result the runner took as the deadline passed (the platform counts it
+                # settled and makes no late vend of it) is settled on, not dropped as silence
+                with contextlib.suppress(TimeoutError):
+                    await self.clock.wait_for(asyncio.shield(vend.heard), left)
+            outcome = vend.heard.result() if vend.heard.done() else None
         finally:
             self._stop_listening(record.sale_id)
         if outcome is None:
@@ -289,7 +280,7 @@ class Recovery:
         # the price the vend was approved for (asked, or chosen), within what the money holds
         held = record.captured_cents if record.flow == Flow.CHARGE_CARD else (
             record.authorized_cents)
-        cents = min(price, held)
+        cents = min(vend.cents, held)
         if record.flow == Flow.CHARGE_CARD:
             return steps.finish(
                 SaleState.COMPLETED, Step.RECOVERY_DONE,
@@ -298,8 +289,7 @@ class Recovery:
         return await steps.capture(cents, heard)
 
     def _stop_listening(self, sale_id: str) -> None:
-        self.runner.stop_listening(sale_id)
-        if self._listening.pop(sale_id, None) is not None and self.on_listening_change:
+        if self.runner.stop_listening(sale_id) and self.on_listening_change:
             self.on_listening_change()
 
     def listening_problem(self) -> str | None:
@@ -307,9 +297,8 @@ class Recovery:
         page, the CLI and Home Assistant show it): its terminal takes no new sale until then
         (a customer is refused: TerminalBusy). None when it listens for none."""
         now = self.clock.monotonic()
-        shown = [f"sale {sale_id[:8]} on terminal {terminal} for {due - now:.0f} s more"
-                 for sale_id, (due, _, terminal) in self._listening.items()
-                 if due > now and self.runner.listening_after_restart(sale_id) is not None]
+        shown = [f"sale {sale_id[:8]} on terminal {vend.terminal} for {vend.due - now:.0f} s more"
+                 for sale_id, vend in self.runner.restart_vends.items() if vend.due > now]
         if not shown:
             return None
         return ("recovery listens for the vend result a restart left in flight (the machine may "

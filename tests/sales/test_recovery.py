@@ -643,3 +643,32 @@ async def test_a_card_first_sale_left_before_its_customer_chose_is_given_back_at
     assert "after the restart" not in event.message
     [row] = await rows(agent.service, "KACRASHED1")
     assert row.status is TransStatus.VOIDED
+
+
+async def test_a_vend_result_heard_before_recovery_comes_to_its_sale_is_settled_on(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path
+) -> None:
+    """An attack on the restart's hearing: recovery finishes a terminal's open sales one after
+    the other, and the one before the sale left dispensing (an authorization whose answer was
+    lost, looked up in reporting until its deadline, 29 s) takes longer than that vend's
+    deadline (2 s). The controller says VEND,SUCCESS at once, in time: the runner takes it
+    (``restart_vend_heard`` answers True, so the platform makes no late vend of it). Before,
+    recovery found the hearing over when it came to the sale and gave the money back
+    ("interrupted before the dispense was confirmed"): the product went out unpaid and nobody
+    was told. Now what was heard is settled on: captured."""
+    wall = time.time()
+    leave_open(tmp_path, sale_id="lost1", order_id="KALOST1", state=SaleState.AUTHORIZING,
+               sent_at=wall - 1, sent_mono=999.0, sent_boot="fake-boot-1", answer_by=wall + 29)
+    sim, clock = await _left_dispensing(sim_factory, tmp_path)  # after it, on one terminal
+    assert clock.monotonic() == 1000.0  # the lost authorization's send anchor, a second ago
+    agent = await agent_factory(sim=sim, clock=clock)
+    success = DispenseOutcome(DispenseStatus.VENDED, 0, "B1", "vend success")
+    assert agent.sales.restart_vend_heard("crashed1", success)  # the platform counts it settled
+    events = await clock.run(agent.recovery.wait(), horizon=600)
+    assert clock.monotonic() > 1002.0  # the vend's deadline passed behind the lost answer
+    ended = {event.sale_id: event for event in events}
+    assert ended["lost1"].state is SaleState.FAILED, ended["lost1"].message
+    assert (ended["crashed1"].state, ended["crashed1"].captured_cents) == (
+        SaleState.COMPLETED, 300), ended["crashed1"].message
+    [row] = await rows(agent.service, "KACRASHED1")
+    assert row.status is TransStatus.CAPTURED
