@@ -232,7 +232,12 @@ class Recovery:
         chosen = [s.detail for s in steps if s.step == Step.DISPENSE_CHOSEN]
         asked = [s.at for s in steps if s.step == Step.DISPENSE_REQUEST]
         if chosen:
-            approved, cents = float(chosen[-1]["mono"]), int(chosen[-1]["cents"])
+            try:
+                approved, cents = float(chosen[-1]["mono"]), int(chosen[-1]["cents"])
+            except (KeyError, TypeError, ValueError):  # not as the flow writes it: unheard
+                _LOGGER.warning("sale %s: its choice's step is not as written (%r): its vend "
+                                "is not listened for", record.sale_id, chosen[-1])
+                return None
         elif asked and record.product:  # no product: card first, nothing chosen
             window = float("inf") if record.answer_by is None else (
                 record.answer_by - record.sent_at)

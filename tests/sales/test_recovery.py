@@ -573,11 +573,12 @@ async def test_a_vend_result_heard_as_the_listening_deadline_passes_is_not_dropp
 
 
 async def _card_first_left_dispensing(
-    sim_factory: Any, tmp_path: Path, chose_ago: float | None
+    sim_factory: Any, tmp_path: Path, chose_ago: float | None, **detail: Any
 ) -> tuple[Any, FakeClock]:
     """A card-first sale a crashed agent left dispensing: $3.00 authorized, no product named
     with the request; its customer chose A2 at $2.50 ``chose_ago`` seconds before the next
-    start (None: had not chosen), as the flow journals it (``dispense.chosen``)."""
+    start (None: had not chosen), as the flow journals it (``dispense.chosen``; ``detail``
+    written over it)."""
     sim, clock = await _left_dispensing(sim_factory, tmp_path, product=None)
     if chose_ago is not None:
         journal = Journal(tmp_path / "journal.db")
@@ -585,7 +586,7 @@ async def _card_first_left_dispensing(
         record = journal.get("crashed1")
         assert record is not None
         journal.record(record, Step.DISPENSE_CHOSEN, product="A2", detail={
-            "product": "A2", "cents": 250, "mono": clock.monotonic() - chose_ago})
+            "product": "A2", "cents": 250, "mono": clock.monotonic() - chose_ago, **detail})
         journal.close()
     return sim, clock
 
@@ -628,12 +629,19 @@ async def test_a_card_first_sale_left_dispensing_is_listened_for_from_its_choice
     assert row.status is TransStatus.VOIDED
 
 
+@pytest.mark.parametrize("choice", ["none", "unreadable"])
 async def test_a_card_first_sale_left_before_its_customer_chose_is_given_back_at_once(
-    agent_factory: Any, sim_factory: Any, tmp_path: Path
+    agent_factory: Any, sim_factory: Any, tmp_path: Path, choice: str
 ) -> None:
     """Card first, the session was open but nobody had chosen: no vend was approved, nothing
-    can be heard of one, and the money goes back at once (no hearing holds the terminal)."""
-    sim, clock = await _card_first_left_dispensing(sim_factory, tmp_path, chose_ago=None)
+    can be heard of one, and the money goes back at once (no hearing holds the terminal). So
+    too for a choice's step not as the flow writes it (a hand-edited journal): the start goes
+    on, the vend is not listened for."""
+    if choice == "none":
+        sim, clock = await _card_first_left_dispensing(sim_factory, tmp_path, chose_ago=None)
+    else:
+        sim, clock = await _card_first_left_dispensing(sim_factory, tmp_path, chose_ago=0.5,
+                                                       mono="yesterday", cents=None)
     agent = await agent_factory(sim=sim, clock=clock)
     started = clock.monotonic()
     assert agent.sales.listening_after_restart("crashed1") is None
