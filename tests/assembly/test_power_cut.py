@@ -4,7 +4,10 @@ Three commits carry no fsync of their own (docs/journal.md, "Which commits are f
 read's accepted step (``UNSYNCED_STEPS``), the confirmed vend's capture request (it waits for
 a shared fsync before the capture is sent) and the capture's completion (a shared fsync before
 it is announced). A SIGKILL keeps both (the OS's page cache holds
-them: test_crash.py); a power cut before the next fsync loses them. The agent runs as a real
+them: test_crash.py); a power cut before the next fsync loses them. A fourth, a card-first
+customer's choice (``dispense.chosen``), is not driven here (the drivers sell selection first):
+a power cut ends the boot whose vend it lets recovery hear, and recovery gives the money back at
+once on another boot with or without it (test_recovery.py). The agent runs as a real
 process (``crash_driver.py``), which copies the journal's files after each fsync; it is killed
 right after the unsynced commit, and the copy is put in the journal's place, as the disk would
 be after the power came back. The next start must then end every sale with the service's

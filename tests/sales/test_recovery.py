@@ -573,13 +573,14 @@ async def test_a_vend_result_heard_as_the_listening_deadline_passes_is_not_dropp
 
 
 async def _card_first_left_dispensing(
-    sim_factory: Any, tmp_path: Path, chose_ago: float | None, **detail: Any
+    sim_factory: Any, tmp_path: Path, chose_ago: float | None, boot: str = "fake-boot-1",
+    **detail: Any,
 ) -> tuple[Any, FakeClock]:
     """A card-first sale a crashed agent left dispensing: $3.00 authorized, no product named
     with the request; its customer chose A2 at $2.50 ``chose_ago`` seconds before the next
     start (None: had not chosen), as the flow journals it (``dispense.chosen``; ``detail``
-    written over it)."""
-    sim, clock = await _left_dispensing(sim_factory, tmp_path, product=None)
+    written over it). The next start's clock on ``boot``."""
+    sim, clock = await _left_dispensing(sim_factory, tmp_path, boot, product=None)
     if chose_ago is not None:
         journal = Journal(tmp_path / "journal.db")
         journal.open()
@@ -629,19 +630,23 @@ async def test_a_card_first_sale_left_dispensing_is_listened_for_from_its_choice
     assert row.status is TransStatus.VOIDED
 
 
-@pytest.mark.parametrize("choice", ["none", "unreadable"])
+@pytest.mark.parametrize("choice", ["none", "unreadable", "rebooted"])
 async def test_a_card_first_sale_left_before_its_customer_chose_is_given_back_at_once(
     agent_factory: Any, sim_factory: Any, tmp_path: Path, choice: str
 ) -> None:
     """Card first, the session was open but nobody had chosen: no vend was approved, nothing
     can be heard of one, and the money goes back at once (no hearing holds the terminal). So
     too for a choice's step not as the flow writes it (a hand-edited journal): the start goes
-    on, the vend is not listened for."""
+    on, the vend is not listened for. And for a choice on another boot (a power cut, which may
+    also lose that step, committed without an fsync of its own: the controller restarted too)."""
     if choice == "none":
         sim, clock = await _card_first_left_dispensing(sim_factory, tmp_path, chose_ago=None)
-    else:
+    elif choice == "unreadable":
         sim, clock = await _card_first_left_dispensing(sim_factory, tmp_path, chose_ago=0.5,
                                                        mono="yesterday", cents=None)
+    else:
+        sim, clock = await _card_first_left_dispensing(sim_factory, tmp_path, chose_ago=0.5,
+                                                       boot="fake-boot-2")
     agent = await agent_factory(sim=sim, clock=clock)
     started = clock.monotonic()
     assert agent.sales.listening_after_restart("crashed1") is None
