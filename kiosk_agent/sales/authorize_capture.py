@@ -123,10 +123,12 @@ class AuthorizeCaptureFlow(SaleFlow):
         restart on this boot (sales/recovery.py), its price and when it was approved (this
         clock's monotonic time). Committed without an fsync of its own (``UNSYNCED_STEPS``): a
         kill keeps it; a power cut, which may lose it, ends the boot that could hear the vend."""
-        vend = f"vend {product} {format_cents(price)}" if product else f"vend {format_cents(price)}"
+        named = self.named(product)  # the product as the journal keeps it (bounded)
+        shown = named.get("product") or self.record.product
+        vend = f"vend {shown} {format_cents(price)}" if shown else f"vend {format_cents(price)}"
         self.step_next_turn(
-            Step.DISPENSE_CHOSEN, message=vend, **self.named(product),
-            detail={"product": product, "cents": price, "mono": self.clock.monotonic()})
+            Step.DISPENSE_CHOSEN, message=vend, **named,
+            detail={"product": shown, "cents": price, "mono": self.clock.monotonic()})
 
     async def _not_dispensed(self, outcome: DispenseOutcome) -> SaleEvent:
         self.step(Step.DISPENSE_RESULT, detail=outcome_detail(outcome),

@@ -339,7 +339,9 @@ class SaleSteps:
     ) -> SaleRecord:
         """:meth:`step`, its own commit, published at the loop's next turn (as
         ``one_commit(announce_next_turn=True)``): the vend's line the caller writes next in
-        this turn goes first."""
+        this turn goes first. Not inside :meth:`one_commit` (its steps are held for it)."""
+        if self._held is not None:
+            raise RuntimeError("step_next_turn inside one_commit: the batch holds its steps")
         self._held = []
         try:
             written = self.step(name, state, message, detail, **changes)
