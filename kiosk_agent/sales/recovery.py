@@ -217,7 +217,8 @@ class Recovery:
         price it was approved for; None when there is nothing to listen for: another boot (a
         power cut: the controller restarted too, its vend is over), a machine that started anew
         with this agent (the demo's ``virtual`` one), a card-first sale whose customer had not
-        chosen (no vend was approved), no dispense request journaled, or its deadline passed.
+        chosen (no vend was approved), no dispense request journaled, a vend whose failure was
+        journaled (``dispense.result``: a kill before its give-back), or its deadline passed.
 
         Selection first, the vend was approved in the commit that journaled the money's answer
         (``approved_for_vend``): the ``dispense.request`` step's wall time, measured from the
@@ -229,6 +230,8 @@ class Recovery:
                 or not self.runner.hears_after_restart(record.source)):
             return None
         steps = self.journal.steps(record.sale_id)
+        if any(s.step == Step.DISPENSE_RESULT for s in steps):
+            return None  # the machine said the vend was not made: over, its result known
         chosen = [s.detail for s in steps if s.step == Step.DISPENSE_CHOSEN]
         asked = [s.at for s in steps if s.step == Step.DISPENSE_REQUEST]
         if chosen:

@@ -685,3 +685,36 @@ async def test_a_vend_result_heard_before_recovery_comes_to_its_sale_is_settled_
         SaleState.COMPLETED, 300), ended["crashed1"].message
     [row] = await rows(agent.service, "KACRASHED1")
     assert row.status is TransStatus.CAPTURED
+
+
+@pytest.mark.parametrize("flow", ["selection first", "card first"])
+async def test_a_sale_killed_after_the_machine_said_its_vend_failed_is_not_listened_for(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path, flow: str
+) -> None:
+    """Found by the card-first crash driver (test_crash.py): the machine said the vend failed
+    (``dispense.result``, journaled) and the agent was killed before the give-back's request,
+    the sale still dispensing. That vend is over and its result known: the money goes back at
+    once. Before, recovery listened for it until its deadline, holding the terminal and the
+    controller's setup for a vend that had ended, and would have captured a success heard
+    then (a vend the journal says the machine did not make)."""
+    if flow == "card first":
+        sim, clock = await _card_first_left_dispensing(sim_factory, tmp_path, chose_ago=0.5)
+    else:
+        sim, clock = await _left_dispensing(sim_factory, tmp_path)
+    journal = Journal(tmp_path / "journal.db")
+    journal.open()
+    record = journal.get("crashed1")
+    assert record is not None
+    journal.record(record, Step.DISPENSE_RESULT,
+                   detail={"status": "failed", "vended_cents": 0, "detail": "vend failure"})
+    journal.close()
+    agent = await agent_factory(sim=sim, clock=clock)
+    started = clock.monotonic()
+    assert agent.sales.listening_after_restart("crashed1") is None
+    success = DispenseOutcome(DispenseStatus.VENDED, 0, "B1", "vend success")
+    assert not agent.sales.restart_vend_heard("crashed1", success)  # nobody takes it as paid
+    [event] = await asyncio.wait_for(agent.recovery.wait(), WAIT_S)  # the clock never moved
+    assert clock.monotonic() == started
+    assert (event.state, event.captured_cents) == (SaleState.REVERSED, 0), event.message
+    [row] = await rows(agent.service, "KACRASHED1")
+    assert row.status is TransStatus.VOIDED
