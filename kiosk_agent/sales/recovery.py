@@ -237,6 +237,10 @@ class Recovery:
         if chosen:
             try:
                 approved, cents = float(chosen[-1]["mono"]), int(chosen[-1]["cents"])
+                if cents <= 0:  # the flow approves no vend of nothing (vend_refusal)
+                    raise ValueError(f"a price of {cents} cents")
+                if not approved <= self.clock.monotonic():  # nan, or later than now
+                    raise ValueError(f"chosen at {approved}, after this start")
             except (KeyError, TypeError, ValueError):  # not as the flow writes it: unheard
                 _LOGGER.warning("sale %s: its choice's step is not as written (%r): its vend "
                                 "is not listened for", record.sale_id, chosen[-1])

@@ -630,20 +630,31 @@ async def test_a_card_first_sale_left_dispensing_is_listened_for_from_its_choice
     assert row.status is TransStatus.VOIDED
 
 
-@pytest.mark.parametrize("choice", ["none", "unreadable", "rebooted"])
+@pytest.mark.parametrize(
+    "choice", ["none", "unreadable", "rebooted", "nothing", "negative", "after the start"])
 async def test_a_card_first_sale_left_before_its_customer_chose_is_given_back_at_once(
     agent_factory: Any, sim_factory: Any, tmp_path: Path, choice: str
 ) -> None:
     """Card first, the session was open but nobody had chosen: no vend was approved, nothing
     can be heard of one, and the money goes back at once (no hearing holds the terminal). So
-    too for a choice's step not as the flow writes it (a hand-edited journal): the start goes
-    on, the vend is not listened for. And for a choice on another boot (a power cut, which may
-    also lose that step, committed without an fsync of its own: the controller restarted too)."""
+    too for a choice's step not as the flow writes it (a hand-edited journal: unreadable, a
+    price of nothing or less, a time this boot had not come to): the start goes on, the vend
+    is not listened for. And for a choice on another boot (a power cut, which may also lose
+    that step, committed without an fsync of its own: the controller restarted too)."""
     if choice == "none":
         sim, clock = await _card_first_left_dispensing(sim_factory, tmp_path, chose_ago=None)
     elif choice == "unreadable":
         sim, clock = await _card_first_left_dispensing(sim_factory, tmp_path, chose_ago=0.5,
                                                        mono="yesterday", cents=None)
+    elif choice in ("nothing", "negative"):  # the flow never approves these (vend_refusal):
+        # listened for, a success would have captured 0 (which a service may read as "all"),
+        # or less than nothing
+        cents = 0 if choice == "nothing" else -250
+        sim, clock = await _card_first_left_dispensing(sim_factory, tmp_path, chose_ago=0.5,
+                                                       cents=cents)
+    elif choice == "after the start":  # this boot's clock had not come to it: heard for an
+        # hour past the vend timeout
+        sim, clock = await _card_first_left_dispensing(sim_factory, tmp_path, chose_ago=-3600)
     else:
         sim, clock = await _card_first_left_dispensing(sim_factory, tmp_path, chose_ago=0.5,
                                                        boot="fake-boot-2")
