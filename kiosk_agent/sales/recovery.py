@@ -66,6 +66,8 @@ class Recovery:
         self.found = 0  # open sales found on start
         self.recovered = 0  # of those, driven to an end
         self._released: set[str] = set()  # of those, the ones that had let their terminal go
+        # terminal -> the last of its open sales that held it (recovered last, in turn)
+        self._last_holding: dict[str, str] = {}
         self.not_ours: list[str] = []  # open sales of another unit id, left as they are
         # told when a hearing ends (the agent: health.problem_changed, so the page hears it)
         self.on_listening_change: Callable[[], None] | None = None
@@ -170,6 +172,8 @@ class Recovery:
         released = [r for r in records if r.sale_id in self._released]
 
         async def in_turn() -> list[SaleEvent]:
+            if holding:  # the sale after which the terminal is free for the next customer
+                self._last_holding[device] = holding[-1].sale_id
             try:
                 return await self._in_turn(holding)
             finally:
@@ -279,6 +283,10 @@ class Recovery:
             outcome = vend.heard.result() if vend.heard.done() else None
         finally:
             self._stop_listening(record.sale_id)
+        # what is left is the payments API's (a capture, or money given back): as a live sale
+        # lets its terminal go before its capture, the terminal's last sale lets it go here
+        if self._last_holding.get(record.terminal) == record.sale_id:
+            self.runner.unblock(record.terminal, by="recovery")
         if outcome is None:
             return await held_or_none(
                 steps, f"{why}: no vend result within its vend timeout after the restart")

@@ -729,3 +729,33 @@ async def test_a_sale_killed_after_the_machine_said_its_vend_failed_is_not_liste
     assert (event.state, event.captured_cents) == (SaleState.REVERSED, 0), event.message
     [row] = await rows(agent.service, "KACRASHED1")
     assert row.status is TransStatus.VOIDED
+
+
+@pytest.mark.parametrize("flow", ["selection first", "card first"])
+async def test_the_terminal_takes_the_next_sale_while_recovery_captures_a_vend_it_heard(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path, flow: str
+) -> None:
+    """Once the machine said how the vend a restart left ended, what is left of that sale is
+    the payments API's (a capture, or money given back): a live sale lets its terminal go
+    before its capture, and so now does recovery for its terminal's last sale. Before,
+    recovery held the terminal through its capture: the next customer (card first, the
+    machine's next offer) was refused (TerminalBusy) while the capture ran, and the offers
+    came ever more slowly (``offer_pause``) behind a slow one."""
+    if flow == "card first":
+        sim, clock = await _card_first_left_dispensing(sim_factory, tmp_path, chose_ago=0.5)
+    else:
+        sim, clock = await _left_dispensing(sim_factory, tmp_path)
+    slow = {"path": "/api/v1/capture", "fault": "delay", "delay_s": 1.0}  # real seconds
+    await sim_call(sim, "POST", "/sim/faults", slow)
+    agent = await agent_factory(sim=sim, clock=clock)
+    assert agent.sales.busy_reason("SIM-0001") == "recovering sale crashed1"  # it listens
+    recovered = asyncio.ensure_future(agent.recovery.wait())
+    success = DispenseOutcome(DispenseStatus.VENDED, 0, "A2", "vend success")
+    assert agent.sales.restart_vend_heard("crashed1", success)
+    await until(lambda: agent.journal.get("crashed1").state is SaleState.CAPTURING)
+    await asyncio.sleep(0.05)  # the capture is with the service, slow to answer
+    assert not recovered.done()
+    assert agent.sales.busy_reason("SIM-0001") is None  # the next customer may start
+    [event] = await clock.run(recovered, horizon=600)
+    assert event.state is SaleState.COMPLETED, event.message
+    assert event.captured_cents == (250 if flow == "card first" else 300)
