@@ -283,8 +283,14 @@ class SerialLineDevice:
         self._tell_availability()
 
     def dispense_over(self) -> None:
-        """A dispense ended (its result, its cancel line, its vend timeout): init lines the
-        link's return held back are sent now."""
+        """A dispense ended (its result, its cancel line, its vend timeout, or recovery done
+        listening for the one the last stop or crash left): init lines the link's return held
+        back are sent now, unless a customer's request still waits for its answer (one refused
+        while recovery held the terminal, heard as the hearing ended): then they come once that
+        request is answered (:meth:`_vend_over`), never between it and its answer."""
+        vend = self.vend
+        if vend is not None and not vend.ended:
+            return
         if self._init_after_dispense and self.link.connected and not self._stopping:
             self._init()
 
@@ -416,6 +422,7 @@ class SerialLineDevice:
             self._deny_out_of_service(queued)
         elif queued is not None:
             self._begin(queued)
+        self.dispense_over()  # init lines held back while it waited for its answer
         self._tell_availability()  # a change during the sale, told now it has ended
 
 

@@ -100,6 +100,8 @@ class AuthorizeCaptureFlow(SaleFlow):
             await self._deny(refused)
             await self.release_terminal(may_complete=False)
             return await self.reverse(refused)
+        if self.request.chosen_at_machine:
+            self._chosen(product, price)
         outcome = await self._dispense(authorized)
         if not outcome.dispensed:
             return await self._not_dispensed(outcome)
@@ -114,6 +116,19 @@ class AuthorizeCaptureFlow(SaleFlow):
             vended = authorized
         # capture() journals the confirmed vend (CAPTURING) before it calls the service
         return await self.capture(vended, outcome_detail(outcome))
+
+    def _chosen(self, product: str | None, price: int) -> None:
+        """Card first: the customer's choice, journaled before its vend is approved (C,VEND, in
+        this turn), published at the next: what recovery needs to listen for that vend after a
+        restart on this boot (sales/recovery.py), its price and when it was approved (this
+        clock's monotonic time). Committed without an fsync of its own (``UNSYNCED_STEPS``): a
+        kill keeps it; a power cut, which may lose it, ends the boot that could hear the vend."""
+        named = self.named(product)  # the product as the journal keeps it (bounded)
+        shown = named.get("product") or self.record.product
+        vend = f"vend {shown} {format_cents(price)}" if shown else f"vend {format_cents(price)}"
+        self.step_next_turn(
+            Step.DISPENSE_CHOSEN, message=vend, **named,
+            detail={"product": shown, "cents": price, "mono": self.clock.monotonic()})
 
     async def _not_dispensed(self, outcome: DispenseOutcome) -> SaleEvent:
         self.step(Step.DISPENSE_RESULT, detail=outcome_detail(outcome),

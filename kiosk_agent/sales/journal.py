@@ -226,8 +226,11 @@ MARKER_SUFFIX = ".in-use"
 # fsyncs the WAL through it. Only a step that moves no money and announces no call: the card
 # read's interaction id, which recovery cancels the read by after a kill; after a power cut it
 # finds a read without an id, as after a kill before the read's answer (the lost-read wait).
+# And a card-first customer's choice (the vend it pays for, up to the price held, was fsynced
+# with the approval): recovery listens for that vend only on the boot that made it, which a
+# kill does not end and a power cut does; without the choice it gives the money back at once.
 # Every other step, and every money step, is fsynced before what it announces (docs/journal.md).
-UNSYNCED_STEPS = frozenset({Step.READ_CARD_ACCEPTED})
+UNSYNCED_STEPS = frozenset({Step.READ_CARD_ACCEPTED, Step.DISPENSE_CHOSEN})
 
 # Turns of the event loop a commit made in fsync_shared() waits for another sale's fsynced
 # commit before the journal fsyncs it alone. Back to back, the next customer's sale is written

@@ -32,12 +32,9 @@ _LOGGER = logging.getLogger("kiosk_agent.sales.recovery")  # its lines, as befor
 class SaleRecoverer:
     """Drives open sales to an end on one sale context (the service, settings and clock)."""
 
-    def __init__(self, context: SaleContext, dispensing: Dispensing | None = None) -> None:
+    def __init__(self, context: SaleContext, dispensing: Dispensing) -> None:
         self.context = context
         self.dispensing = dispensing  # a sale left dispensing: Recovery listens for its vend
-        self.service = context.service
-        self.settings = context.settings
-        self.clock = context.clock
 
     async def recover(self, steps: SaleSteps) -> SaleEvent:
         """Drive one open sale to an end."""
@@ -70,9 +67,7 @@ class SaleRecoverer:
         if state is SaleState.AUTHORIZING:
             return await self._held_or_none(steps, "interrupted during the authorization")
         if state is SaleState.DISPENSING:
-            if self.dispensing is not None:
-                return await self.dispensing(steps, self._held_or_none)
-            return await self._held_or_none(steps, "interrupted before the dispense was confirmed")
+            return await self.dispensing(steps, self._held_or_none)
         if state is SaleState.CAPTURING:
             return await self._capturing(steps)
         if state is SaleState.REVERSING:
@@ -82,10 +77,10 @@ class SaleRecoverer:
     async def _cancel_read(self, steps: SaleSteps) -> None:
         if steps.record.interaction_id is None:
             # sent, its answer never heard: the read may still wait for a card (lost_reads.py)
-            self.context.lost_reads.lost(steps.device, self.settings.interaction_lifetime)
+            self.context.lost_reads.lost(steps.device, self.context.settings.interaction_lifetime)
             return
         try:
-            await self.service.terminal.cancel(steps.device, steps.record.interaction_id)
+            await self.context.service.terminal.cancel(steps.device, steps.record.interaction_id)
         except ServiceError as err:
             _LOGGER.info("sale %s: read-card not cancelled: %s", steps.record.sale_id, err)
 
@@ -106,14 +101,15 @@ class SaleRecoverer:
         """The interaction's final record, polling while it is pending, until the charge's
         journaled deadline (monotonic, re-anchored across a restart: sales/deadlines.py)."""
         deadline = steps.answer_deadline()
-        pause = max(0.1, min(2.0, self.settings.interaction_lifetime / 100))
+        clock = self.context.clock
+        pause = max(0.1, min(2.0, self.context.settings.interaction_lifetime / 100))
         while True:
             interaction = await steps.interaction_status(InteractionKind.CHARGE_CARD)
             if interaction is None:
                 return None
-            if interaction.finished or self.clock.monotonic() > deadline:
+            if interaction.finished or clock.monotonic() > deadline:
                 return interaction if interaction.finished else None
-            await self.clock.sleep(min(pause, max(0.0, deadline - self.clock.monotonic())))
+            await clock.sleep(min(pause, max(0.0, deadline - clock.monotonic())))
 
     async def _charge_interaction_ended(
         self, steps: SaleSteps, interaction: Interaction
@@ -122,7 +118,7 @@ class SaleRecoverer:
             try:
                 result = charge_card_result(
                     interaction, steps.record.attempt_order_id(),
-                    mid=self.service.settings.mid, currency=steps.record.currency,
+                    mid=self.context.service.settings.mid, currency=steps.record.currency,
                 )
             except InvalidResponseError as err:
                 # charged, maybe, but not as asked: the sale's own order id in reporting says

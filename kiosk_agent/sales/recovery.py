@@ -19,21 +19,18 @@ that had released it (capturing, giving the money back) is recovered beside them
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
 
 from kiosk_agent.sales.clock import Anchor
 from kiosk_agent.sales.journal import Journal, JournalError, SaleMoved, SaleRecord
-from kiosk_agent.sales.model import DispenseOutcome, DispenseStatus, Flow, SaleEvent
+from kiosk_agent.sales.model import DispenseStatus, Flow, SaleEvent
 from kiosk_agent.sales.runner import SaleRunner
 from kiosk_agent.sales.states import SaleState, Step, TransitionRefused
 from kiosk_agent.sales.steps import SaleContext, SaleSteps
 from kiosk_agent.tasks import cancel_and_wait
-
-if TYPE_CHECKING:
-    pass
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -59,9 +56,7 @@ class Recovery:
 
     def __init__(self, context: SaleContext, runner: SaleRunner) -> None:
         self.context = context
-        self.service = context.service
         self.journal = context.journal
-        self.settings = context.settings
         self.runner = runner
         self.clock = context.clock
         self._task: asyncio.Task[list[SaleEvent]] | None = None
@@ -71,10 +66,9 @@ class Recovery:
         self.found = 0  # open sales found on start
         self.recovered = 0  # of those, driven to an end
         self._released: set[str] = set()  # of those, the ones that had let their terminal go
+        # terminal -> the last of its open sales that held it (recovered last, in turn)
+        self._last_holding: dict[str, str] = {}
         self.not_ours: list[str] = []  # open sales of another unit id, left as they are
-        # sale id -> the monotonic time until which its vend is listened for (left dispensing),
-        # and its terminal (no new sale on it meanwhile: health says so, listening_problem)
-        self._listening: dict[str, tuple[float, str]] = {}
         # told when a hearing ends (the agent: health.problem_changed, so the page hears it)
         self.on_listening_change: Callable[[], None] | None = None
         # waited for before any money moves: False when the journal's file is found damaged
@@ -105,11 +99,11 @@ class Recovery:
             by_terminal[record.terminal].append(record)
             if record.state is SaleState.DISPENSING:  # the machine may still report its vend
                 self.runner.was_dispensing(record)
-                left = self._vend_left(record)
-                if left > 0:  # before the triggers start: their setup waits for it
-                    self.runner.listen_after_restart(record.sale_id)
-                    self._listening[record.sale_id] = (self.clock.monotonic() + left,
-                                                       record.terminal)
+                hearing = self._hearing(record)
+                if hearing is not None:  # before the triggers start: their setup waits for it
+                    due, cents = hearing
+                    self.runner.listen_after_restart(record.sale_id, due=due, cents=cents,
+                                                     terminal=record.terminal)
             if released_its_terminal(record, self.journal):
                 self._released.add(record.sale_id)
             else:
@@ -178,6 +172,8 @@ class Recovery:
         released = [r for r in records if r.sale_id in self._released]
 
         async def in_turn() -> list[SaleEvent]:
+            if holding:  # the sale after which the terminal is free for the next customer
+                self._last_holding[device] = holding[-1].sale_id
             try:
                 return await self._in_turn(holding)
             finally:
@@ -220,53 +216,77 @@ class Recovery:
 
         return await SaleRecoverer(self.context, dispensing=self._dispensing).recover(steps)
 
-    def _vend_left(self, record: SaleRecord) -> float:
-        """Seconds left of the vend timeout of ``record``'s dispense, as this boot counts them;
-        0 when there is nothing to listen for: another boot (a power cut: the controller
-        restarted too, its vend is over), a machine that started anew with this agent (the
-        demo's ``virtual`` one), a sale whose vend price is not journaled (card first: the
-        customer's choice comes with the vend), or no dispense request journaled.
+    def _hearing(self, record: SaleRecord) -> tuple[float, int] | None:
+        """Until when (this boot's monotonic time) ``record``'s vend is listened for, and the
+        price it was approved for; None when there is nothing to listen for: another boot (a
+        power cut: the controller restarted too, its vend is over), a machine that started anew
+        with this agent (the demo's ``virtual`` one), a card-first sale whose customer had not
+        chosen (no vend was approved), no dispense request journaled, a vend whose failure was
+        journaled (``dispense.result``: a kill before its give-back), or its deadline passed.
 
-        The vend was approved in the commit that journaled the money's answer
+        Selection first, the vend was approved in the commit that journaled the money's answer
         (``approved_for_vend``): the ``dispense.request`` step's wall time, measured from the
-        money call's send (monotonic, this boot), within the call's answer window."""
+        money call's send (monotonic, this boot), within the call's answer window; at the price
+        asked. Card first, as its choice was journaled (the ``dispense.chosen`` step, with this
+        boot's monotonic time), at the chosen price. Then the trigger's ``vend_timeout``."""
         anchor = Anchor(record.sent_at or 0.0, record.sent_mono, record.sent_boot)
-        if (record.sent_at is None or not record.product or not anchor.same_boot(self.clock)
+        if (record.sent_at is None or anchor.mono is None or not anchor.same_boot(self.clock)
                 or not self.runner.hears_after_restart(record.source)):
-            return 0.0
-        asked = [s.at for s in self.journal.steps(record.sale_id)
-                 if s.step == Step.DISPENSE_REQUEST]
-        if not asked or anchor.mono is None:
-            return 0.0
-        window = float("inf") if record.answer_by is None else record.answer_by - record.sent_at
-        approved = anchor.mono + min(max(0.0, asked[-1] - record.sent_at), max(0.0, window))
-        return approved + self.runner.vend_timeout_of(record.source) - self.clock.monotonic()
+            return None
+        steps = self.journal.steps(record.sale_id)
+        if any(s.step == Step.DISPENSE_RESULT for s in steps):
+            return None  # the machine said the vend was not made: over, its result known
+        chosen = [s.detail for s in steps if s.step == Step.DISPENSE_CHOSEN]
+        asked = [s.at for s in steps if s.step == Step.DISPENSE_REQUEST]
+        if chosen:
+            try:
+                approved, cents = float(chosen[-1]["mono"]), int(chosen[-1]["cents"])
+                if cents <= 0:  # the flow approves no vend of nothing (vend_refusal)
+                    raise ValueError(f"a price of {cents} cents")
+                if not approved <= self.clock.monotonic():  # nan, or later than now
+                    raise ValueError(f"chosen at {approved}, after this start")
+            except (KeyError, TypeError, ValueError):  # not as the flow writes it: unheard
+                _LOGGER.warning("sale %s: its choice's step is not as written (%r): its vend "
+                                "is not listened for", record.sale_id, chosen[-1])
+                return None
+        elif asked and record.product:  # no product: card first, nothing chosen
+            window = float("inf") if record.answer_by is None else (
+                record.answer_by - record.sent_at)
+            approved = anchor.mono + min(max(0.0, asked[-1] - record.sent_at), max(0.0, window))
+            cents = record.amount_cents
+        else:
+            return None
+        due = approved + self.runner.vend_timeout_of(record.source)
+        return (due, cents) if due > self.clock.monotonic() else None
 
     async def _dispensing(
         self, steps: SaleSteps, held_or_none: Callable[[SaleSteps, str], Awaitable[SaleEvent]]
     ) -> SaleEvent:
-        """Left dispensing: listened for until its vend timeout when the machine may still say
-        how the vend ended (standing rule 13); then settled on what it said. Silence, or
-        nothing to listen for, gives the money back as before."""
+        """Left dispensing: listened for until its vend's deadline when the machine may still
+        say how the vend ended (standing rule 13); then settled on what it said, also when it
+        said so before recovery came to this sale. Silence, or nothing to listen for, gives the
+        money back as before."""
         why = "interrupted before the dispense was confirmed"
         record = steps.record
-        listening = self._listening.get(record.sale_id)
-        future = self.runner.listening_after_restart(record.sale_id)
-        if listening is None or future is None:
-            self._stop_listening(record.sale_id)
-            return await held_or_none(steps, why)
-        due = listening[0]
-        _LOGGER.warning("sale %s: left dispensing; listening for its vend result for %.1f s",
-                        record.sale_id, max(0.0, due - self.clock.monotonic()))
+        vend = self.runner.restart_vend(record.sale_id)
         try:
-            outcome: DispenseOutcome | None = await self.clock.wait_for(
-                asyncio.shield(future), max(0.0, due - self.clock.monotonic()))
-        except TimeoutError:
-            # a result the runner took as the deadline passed (the platform counts it settled
-            # and makes no late vend of it): settled on, not dropped as silence
-            outcome = future.result() if future.done() else None
+            if vend is None:
+                return await held_or_none(steps, why)
+            if not vend.heard.done():
+                left = max(0.0, vend.due - self.clock.monotonic())
+                _LOGGER.warning("sale %s: left dispensing; listening for its vend result for "
+                                "%.1f s", record.sale_id, left)
+                # a result the runner took as the deadline passed (the platform counts it
+                # settled and makes no late vend of it) is settled on, not dropped as silence
+                with contextlib.suppress(TimeoutError):
+                    await self.clock.wait_for(asyncio.shield(vend.heard), left)
+            outcome = vend.heard.result() if vend.heard.done() else None
         finally:
             self._stop_listening(record.sale_id)
+        # what is left is the payments API's (a capture, or money given back): as a live sale
+        # lets its terminal go before its capture, the terminal's last sale lets it go here
+        if self._last_holding.get(record.terminal) == record.sale_id:
+            self.runner.unblock(record.terminal, by="recovery")
         if outcome is None:
             return await held_or_none(
                 steps, f"{why}: no vend result within its vend timeout after the restart")
@@ -277,10 +297,10 @@ class Recovery:
             return await held_or_none(
                 steps, f"dispense {outcome.status.value} {outcome.detail} (heard after the "
                        "restart)")
-        # the price the vend was approved for: the price asked, within what the money holds
+        # the price the vend was approved for (asked, or chosen), within what the money holds
         held = record.captured_cents if record.flow == Flow.CHARGE_CARD else (
             record.authorized_cents)
-        cents = min(record.amount_cents, held)
+        cents = min(vend.cents, held)
         if record.flow == Flow.CHARGE_CARD:
             return steps.finish(
                 SaleState.COMPLETED, Step.RECOVERY_DONE,
@@ -289,8 +309,7 @@ class Recovery:
         return await steps.capture(cents, heard)
 
     def _stop_listening(self, sale_id: str) -> None:
-        self.runner.stop_listening(sale_id)
-        if self._listening.pop(sale_id, None) is not None and self.on_listening_change:
+        if self.runner.stop_listening(sale_id) and self.on_listening_change:
             self.on_listening_change()
 
     def listening_problem(self) -> str | None:
@@ -298,9 +317,8 @@ class Recovery:
         page, the CLI and Home Assistant show it): its terminal takes no new sale until then
         (a customer is refused: TerminalBusy). None when it listens for none."""
         now = self.clock.monotonic()
-        shown = [f"sale {sale_id[:8]} on terminal {terminal} for {due - now:.0f} s more"
-                 for sale_id, (due, terminal) in self._listening.items()
-                 if due > now and self.runner.listening_after_restart(sale_id) is not None]
+        shown = [f"sale {sale_id[:8]} on terminal {vend.terminal} for {vend.due - now:.0f} s more"
+                 for sale_id, vend in self.runner.restart_vends.items() if vend.due > now]
         if not shown:
             return None
         return ("recovery listens for the vend result a restart left in flight (the machine may "

@@ -122,6 +122,20 @@ class Sale:
         await self.released.wait()
 
 
+@data_class(slots=True)
+class RestartVend:
+    """A vend the last stop or crash left in flight, while recovery listens for how it ended
+    (this boot, until its deadline: sales/recovery.py): the one record of that hearing, read by
+    recovery (its deadline, its price, health's line) and by the trigger's platform (whether to
+    hold its setup back, where to say what the machine said)."""
+
+    due: float  # the sale clock's monotonic time: the vend's approval plus its vend timeout
+    cents: int  # the price the vend was approved for (asked, or chosen at the machine)
+    terminal: str  # it takes no new sale meanwhile (recovery holds it; health says so)
+    # what the machine said (restart_vend_heard), or None once recovery stops listening
+    heard: asyncio.Future[DispenseOutcome | None]
+
+
 class TriggerLimits:
     """Each trigger's ``max_price`` from its configuration, found by the ``source`` its
     requests carry (``platform:name``). A trigger configured without a name covers its
@@ -168,10 +182,10 @@ class SaleRunner:
         # trigger -> (sale id, product) of its sales the last stop or crash left dispensing,
         # oldest first (Recovery.start fills it before the triggers start)
         self._left_dispensing: dict[str, list[tuple[str, str | None]]] = {}
-        # sale id -> what the machine says of a vend the last stop or crash left, while recovery
-        # still listens for it (Recovery.start: this boot, its vend timeout not passed): the
-        # trigger's platform holds its setup meanwhile and settles it (restart_vend_heard)
-        self._restart_vends: dict[str, asyncio.Future[DispenseOutcome | None]] = {}
+        # sale id -> a vend the last stop or crash left, while recovery listens for it
+        # (Recovery.start: this boot, its vend timeout not passed): the trigger's platform holds
+        # its setup meanwhile and says what the machine said (restart_vend_heard)
+        self._restart_vends: dict[str, RestartVend] = {}
         self._vend_timeouts: dict[str, float] = {}  # "platform:name" or "platform" -> seconds
         # platforms whose machine starts anew with each agent (``virtual``): nothing of a vend
         # the last run left can be heard after a restart
@@ -208,38 +222,56 @@ class SaleRunner:
         vend the last run left ended (:meth:`machine_starts_anew`)."""
         return source.partition(":")[0] not in self._machine_starts_anew
 
-    def listen_after_restart(self, sale_id: str) -> asyncio.Future[DispenseOutcome | None]:
+    def listen_after_restart(
+        self, sale_id: str, *, due: float, cents: int, terminal: str
+    ) -> RestartVend:
         """Recovery listens for how ``sale_id``'s vend ended (left dispensing by the last stop
-        or crash): the future gets what the machine says (:meth:`restart_vend_heard`), or None
-        once recovery stops listening (:meth:`stop_listening`)."""
-        future: asyncio.Future[DispenseOutcome | None] = (
-            asyncio.get_running_loop().create_future())
-        self._restart_vends[sale_id] = future
-        return future
+        or crash) until ``due``: its future gets what the machine says
+        (:meth:`restart_vend_heard`), or None once recovery stops listening
+        (:meth:`stop_listening`)."""
+        vend = RestartVend(due, cents, terminal, asyncio.get_running_loop().create_future())
+        self._restart_vends[sale_id] = vend
+        return vend
+
+    def restart_vend(self, sale_id: str) -> RestartVend | None:
+        """The vend of ``sale_id`` recovery listens for (heard already, or not yet); None once
+        it stopped listening, or never did."""
+        return self._restart_vends.get(sale_id)
+
+    @property
+    def restart_vends(self) -> dict[str, RestartVend]:
+        """Every vend recovery still listens for, by sale id (health's line)."""
+        return {sale_id: vend for sale_id, vend in self._restart_vends.items()
+                if not vend.heard.done()}
 
     def listening_after_restart(
         self, sale_id: str | None
     ) -> asyncio.Future[DispenseOutcome | None] | None:
         """The future recovery listens on for ``sale_id``'s vend, while it does (a platform
         holds back the setup that would end the controller's session until it is done)."""
-        future = self._restart_vends.get(sale_id) if sale_id is not None else None
-        return future if future is not None and not future.done() else None
+        vend = self._restart_vends.get(sale_id) if sale_id is not None else None
+        return vend.heard if vend is not None and not vend.heard.done() else None
 
     def restart_vend_heard(self, sale_id: str, outcome: DispenseOutcome) -> bool:
         """The machine said how a vend the last stop or crash left ended, while recovery still
-        listens: recovery settles the sale on it (captured, or given back). False when nobody
-        listens any more (then a success is a late vend: platforms/base.py ``LateVends``)."""
+        listens: recovery settles the sale on it (captured, or given back), whenever it comes
+        to that sale. False when nobody listens any more (then a success is a late vend:
+        platforms/base.py ``LateVends``)."""
         future = self.listening_after_restart(sale_id)
         if future is None:
             return False
         future.set_result(outcome)
         return True
 
-    def stop_listening(self, sale_id: str) -> None:
-        """Recovery is done listening for ``sale_id``'s vend (heard, or its deadline passed)."""
-        future = self._restart_vends.pop(sale_id, None)
-        if future is not None and not future.done():
-            future.set_result(None)
+    def stop_listening(self, sale_id: str) -> bool:
+        """Recovery is done listening for ``sale_id``'s vend (heard, or its deadline passed);
+        whether it was listening."""
+        vend = self._restart_vends.pop(sale_id, None)
+        if vend is None:
+            return False
+        if not vend.heard.done():
+            vend.heard.set_result(None)
+        return True
 
     def late_vend(self, sale_id: str, product: str | None, source: str) -> None:
         """The machine reported ``sale_id``'s vend after the sale gave up waiting for it

@@ -122,6 +122,8 @@ class Step(enum.StrEnum):
     AUTHORIZE_NONE = "authorize.none"
     # the machine
     DISPENSE_REQUEST = "dispense.request"
+    # card first: the customer's choice (product, price), journaled before its vend is approved
+    DISPENSE_CHOSEN = "dispense.chosen"
     DISPENSE_RESULT = "dispense.result"  # a dispense that was not confirmed
     # money kept or given back
     CAPTURE_REQUEST = "capture.request"

@@ -329,6 +329,27 @@ class SaleSteps:
         else:
             self.events.publish(event)
 
+    def step_next_turn(
+        self,
+        name: Step,
+        state: SaleState | None = None,
+        message: str | None = None,
+        detail: Mapping[str, Any] | None = None,
+        **changes: Any,
+    ) -> SaleRecord:
+        """:meth:`step`, its own commit, published at the loop's next turn (as
+        ``one_commit(announce_next_turn=True)``): the vend's line the caller writes next in
+        this turn goes first. Not inside :meth:`one_commit` (its steps are held for it)."""
+        if self._held is not None:
+            raise RuntimeError("step_next_turn inside one_commit: the batch holds its steps")
+        self._held = []
+        try:
+            written = self.step(name, state, message, detail, **changes)
+        finally:
+            held, self._held = self._held, None
+        self._publish_next_turn(held)
+        return written
+
     def _publish_next_turn(self, events: list[SaleEvent]) -> None:
         if self._next_turn is None:
             self._next_turn = []

@@ -13,11 +13,12 @@ step-by-step crash test's (``test_crash.py``):
 
 It builds the Agent from CONFIG exactly as ``kiosk-agent run`` would (minus platforms), lets
 recovery finish whatever the previous (killed) process left open, then starts one sale with a
-scripted machine. Every journal step is announced on stdout as ``STEP n name state sale_id``
-right after it is committed; at step KILL_AT the process prints ``KILLME`` and freezes so the
-test can SIGKILL it before the call that step announced. With ``KILL_AT`` suffixed ``a``
-it freezes instead when that call's answer arrives, before the flow can journal it: the
-"answer lost" crash. A confirmed vend is appended (and
+scripted machine (FLOW ``card_first``: an authorize_capture sale whose customer chooses $1.75
+at the machine after the card, CENTS the funds offered). Every journal step is announced on
+stdout as ``STEP n name state sale_id`` right after it is committed; at step KILL_AT the
+process prints ``KILLME`` and freezes so the test can SIGKILL it before the call that step
+announced. With ``KILL_AT`` suffixed ``a`` it freezes instead when that call's answer arrives,
+before the flow can journal it: the "answer lost" crash. A confirmed vend is appended (and
 fsynced) to MARKERS before the machine reports it, as a real machine's counter would be.
 ``python crash_driver.py CONFIG MARKERS overlap KILL_AT[a]`` runs two sales on one terminal
 instead, the first capturing while the second runs to its step KILL_AT (``overlap``).
@@ -57,7 +58,13 @@ from kiosk_agent.assembly.agent import Agent, service_settings_from_config
 from kiosk_agent.config.load import load_config
 from kiosk_agent.sales.audit import HELD_SUFFIX
 from kiosk_agent.sales.journal import Journal, SaleRecord, StepRecord
-from kiosk_agent.sales.model import DispenseOutcome, DispenseStatus, Flow, SaleRequest
+from kiosk_agent.sales.model import (
+    DispenseOutcome,
+    DispenseStatus,
+    Flow,
+    SaleRequest,
+    Selection,
+)
 from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.service.models import Transaction, TransStatus
 from kiosk_agent.sim.machine import read_record
@@ -67,6 +74,7 @@ if TYPE_CHECKING:  # run as a script, this file cannot import the tests package
 
 HELD = frozenset({TransStatus.AUTHORIZED, TransStatus.CAPTURED, TransStatus.SETTLED})
 CHARGED = HELD | {TransStatus.VOIDED, TransStatus.REFUNDED, TransStatus.PARTIALLY_REFUNDED}
+CARD_FIRST = "card_first"  # the driver's FLOW for an authorize_capture sale chosen at the machine
 
 
 def say(line: str) -> None:
@@ -187,6 +195,19 @@ class Machine:
         return None
 
 
+class ChoosingMachine(Machine):
+    """Card first: the customer chooses ``CHOSEN`` ($1.75) of the funds offered, then the
+    machine vends that choice (its marker says the chosen price, not the funds)."""
+
+    CHOSEN = 175
+
+    async def choose(self, funds_cents: int) -> Selection | DispenseOutcome:
+        return Selection("B1", min(self.CHOSEN, funds_cents))
+
+    async def dispense(self, authorized_cents: int) -> DispenseOutcome:
+        return await super().dispense(min(authorized_cents, self.CHOSEN))
+
+
 def announce_steps() -> None:
     """Every journal write of this process says ``STEP at step state sale_id source``."""
     create, record = Journal.create, Journal.record
@@ -239,11 +260,16 @@ async def main(argv: list[str]) -> int:
     if len(argv) > 2 and argv[2] == "overlap":
         await overlap(agent, journal, markers, kill_at=argv[3])
     elif len(argv) > 2:
-        flow, cents, dispense, kill_at = Flow(argv[2]), int(argv[3]), argv[4], argv[5]
-        machine = Machine(DispenseStatus(dispense), markers)
+        # FLOW "card_first": authorize_capture, the customer choosing at the machine after
+        # the card (ChoosingMachine): CENTS are the funds offered
+        card_first = argv[2] == CARD_FIRST
+        flow = Flow.AUTHORIZE_CAPTURE if card_first else Flow(argv[2])
+        cents, dispense, kill_at = int(argv[3]), argv[4], argv[5]
+        machine = (ChoosingMachine if card_first else Machine)(DispenseStatus(dispense), markers)
         journal.arm(kill_at)
         sale = await agent.sales.start(
-            SaleRequest(source="crash:driver", flow=flow, amount_cents=cents), machine
+            SaleRequest(source="crash:driver", flow=flow, amount_cents=cents,
+                        chosen_at_machine=card_first), machine
         )
         machine.sale_id = sale.sale_id
         event = await sale.result()

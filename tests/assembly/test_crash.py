@@ -38,7 +38,7 @@ from kiosk_agent.service.models import (
     TransactionFilter,
     TransStatus,
 )
-from tests.assembly.crash_driver import CHARGED, HELD, SharedDrivers, WarmDrivers
+from tests.assembly.crash_driver import CARD_FIRST, CHARGED, HELD, SharedDrivers, WarmDrivers
 from tests.helpers import service_yaml, sim_call
 
 DRIVER = Path(__file__).with_name("crash_driver.py")
@@ -142,27 +142,7 @@ async def test_sigkill_at_every_step_loses_no_sale_and_keeps_no_unearned_money(
     sim = await sim_factory(time_scale=TIME_SCALE, seed=2, transactions=0)
     driver = driver_on(sim, drivers, tmp_path)
 
-    killed: set[tuple[str, ...]] = set()  # each distinct point a driver was killed at
-    completed: list[tuple[str, list[str]]] = []  # each case's steps, run to its end
-    for flow, cents, dispense in CASES:
-        # A flow's second case journals the same steps as its first up to the dispense (the
-        # machine is asked nothing before): killed from its first step after it on.
-        shared = killed_already(killed, flow)
-        kill_at = len(shared) + 1
-        while await driver.run(flow, cents, dispense, kill_at) == "killed":
-            point = (flow, *driver.steps)
-            assert driver.steps[: len(shared)] == list(shared), "the cases' steps differ"
-            assert point not in killed, f"killed twice at {point}"
-            killed.add(point)
-            # the steps a batch commits together are one write point: killed after its last
-            kill_at = len(driver.steps) + 1
-        steps = driver.steps
-        assert len(steps) > 4, f"{flow}/{dispense} finished after {steps}"
-        completed.append((flow, steps))
-        # and once more for each call that moves money: killed as its answer arrives
-        for n, step in enumerate(steps, start=1):
-            if step in SERVICE_CALL_STEPS and n > len(shared):
-                assert await driver.run(flow, cents, dispense, f"{n}a") == "killed", step
+    killed, completed = await kill_at_every_step(driver, CASES)
     # crashes during recovery itself: killed as the void's / the capture's answer arrives
     assert await driver.run("charge_card", 250, "failed", 5) == "killed"
     assert driver.steps[-1] == "dispense.request"
@@ -192,12 +172,107 @@ async def test_sigkill_at_every_step_loses_no_sale_and_keeps_no_unearned_money(
     await assert_no_unearned_money(sim, sales, driver.markers)
 
 
+async def kill_at_every_step(
+    driver: Driver, cases: list[tuple[str, int, str]]
+) -> tuple[set[tuple[str, ...]], list[tuple[str, list[str]]]]:
+    """Each case's sale killed after each of its distinct write points, then once more as each
+    of its money calls answers; each kill recovered by the next driver. The points killed at
+    (flow, steps...), and each case's steps run to its end."""
+    killed: set[tuple[str, ...]] = set()  # each distinct point a driver was killed at
+    completed: list[tuple[str, list[str]]] = []  # each case's steps, run to its end
+    for flow, cents, dispense in cases:
+        # A flow's second case journals the same steps as its first up to the dispense (the
+        # machine is asked nothing before): killed from its first step after it on.
+        shared = killed_already(killed, flow)
+        kill_at = len(shared) + 1
+        while await driver.run(flow, cents, dispense, kill_at) == "killed":
+            point = (flow, *driver.steps)
+            assert driver.steps[: len(shared)] == list(shared), "the cases' steps differ"
+            assert point not in killed, f"killed twice at {point}"
+            killed.add(point)
+            # the steps a batch commits together are one write point: killed after its last
+            kill_at = len(driver.steps) + 1
+        steps = driver.steps
+        assert len(steps) > 4, f"{flow}/{dispense} finished after {steps}"
+        completed.append((flow, steps))
+        # and once more for each call that moves money: killed as its answer arrives
+        for n, step in enumerate(steps, start=1):
+            if step in SERVICE_CALL_STEPS and n > len(shared):
+                assert await driver.run(flow, cents, dispense, f"{n}a") == "killed", step
+    return killed, completed
+
+
+# the last step a flow's cases share before the machine says how the dispense went: the vend's
+# approval (card first, the customer's choice after it)
+LAST_SHARED_STEPS = ("dispense.request", "dispense.chosen")
+
+
 def killed_already(killed: set[tuple[str, ...]], flow: str) -> tuple[str, ...]:
-    """The steps of ``flow`` up to its dispense request, when a driver was killed after it."""
-    for point in killed:
-        if point[0] == flow and point[-1] == "dispense.request":
-            return point[1:]
-    return ()
+    """The steps of ``flow`` up to its dispense request (card first, up to the customer's
+    choice), when a driver was killed after them."""
+    shared = [point[1:] for point in killed
+              if point[0] == flow and point[-1] in LAST_SHARED_STEPS]
+    return max(shared, key=len, default=())
+
+
+@pytest.mark.slow(seconds=25)
+async def test_sigkill_at_every_step_of_a_card_first_sale_captures_only_the_vended_choice(
+    sim_factory: Any, drivers: WarmDrivers, tmp_path: Path
+) -> None:
+    # Card first (the customer taps, $3.00 is authorized, then chooses $1.75 at the machine):
+    # killed after each write point, the choice's unsynced step among them, and as each money
+    # call answers. As docs/journal.md says: killed before the choice, the authorization is
+    # given back at once (nothing was chosen, no vend approved); killed between the choice
+    # (dispense.chosen, on disk) and the vend's approval, recovery listens for that vend until
+    # the choice's deadline, hears nothing (the machine never vended) and gives it all back;
+    # killed once the vend is confirmed, it captures the chosen $1.75, never the $3.00 held.
+    # Then a kill at the choice and another at the start of its recovery (two restarts in a
+    # row): the third start still gives it back, within the choice's deadline.
+    sim = await sim_factory(time_scale=TIME_SCALE, seed=7, transactions=0)
+    driver = driver_on(sim, drivers, tmp_path)
+    cases = [(CARD_FIRST, 300, "vended"), (CARD_FIRST, 300, "failed")]
+    killed, completed = await kill_at_every_step(driver, cases)
+    [at_choice] = [p for p in killed if p[-1] == "dispense.chosen"]
+    assert "dispense.request" in at_choice, killed  # the approval first, the choice after
+    assert await driver.run(CARD_FIRST, 300, "vended", len(at_choice) - 1) == "killed"
+    assert driver.steps[-1] == "dispense.chosen"
+    assert await driver.run(recovery_kill="1") == "killed"
+    assert driver.steps == ["recovery.start"]
+    assert await driver.run() == "done"
+
+    sales = journaled_sales(tmp_path)
+    ran = {(flow, step) for flow, steps in completed for step in steps}
+    assert ran <= {(point[0], step) for point in killed for step in point[1:]}
+    assert driver.started_sales <= set(sales)
+    await assert_no_unearned_money(sim, sales, driver.markers)
+    vended = dict(line.split() for line in driver.markers.read_text().splitlines())
+    for sale in sales.values():
+        assert sale.amount_cents == 300
+        chosen = [s for s in journal_steps(tmp_path, sale.sale_id)
+                  if s.step == "dispense.chosen"]
+        if sale.state is SaleState.COMPLETED:  # the choice's price, as the machine vended it
+            assert sale.captured_cents == int(vended[sale.sale_id]) == 175, sale.message
+            assert [s.detail["cents"] for s in chosen] == [175]
+        else:  # never vended: everything authorized given back
+            assert sale.sale_id not in vended
+            assert sale.state in (SaleState.REVERSED, SaleState.FAILED, SaleState.DECLINED), (
+                sale.message)
+            assert sale.captured_cents == 0
+    left_at_choice = [s for s in sales.values()
+                      if "no vend result within its vend timeout after the restart"
+                      in s.message]
+    assert len(left_at_choice) == 2, [  # the kill at the choice, and the two in a row
+        [s.step for s in journal_steps(tmp_path, sale.sale_id)] for sale in left_at_choice]
+    assert all(s.reversed_cents == 300 for s in left_at_choice)
+
+
+def journal_steps(directory: Path, sale_id: str) -> list[Any]:
+    journal = Journal(directory / "journal.db")
+    journal.open()
+    try:
+        return journal.steps(sale_id)
+    finally:
+        journal.close()
 
 
 def sale_ids_so_far(directory: Path) -> set[str]:

@@ -4,11 +4,15 @@ Three commits carry no fsync of their own (docs/journal.md, "Which commits are f
 read's accepted step (``UNSYNCED_STEPS``), the confirmed vend's capture request (it waits for
 a shared fsync before the capture is sent) and the capture's completion (a shared fsync before
 it is announced). A SIGKILL keeps both (the OS's page cache holds
-them: test_crash.py); a power cut before the next fsync loses them. The agent runs as a real
-process (``crash_driver.py``), which copies the journal's files after each fsync; it is killed
-right after the unsynced commit, and the copy is put in the journal's place, as the disk would
-be after the power came back. The next start must then end every sale with the service's
-records agreeing (test_crash.assert_no_unearned_money) and take the next customer.
+them: test_crash.py); a power cut before the next fsync loses them. A fourth, a card-first
+customer's choice (``dispense.chosen``): a power cut ends the boot whose vend it lets recovery
+hear, and recovery gives the money back at once on another boot with or without it
+(test_recovery.py); here, lost on the same boot (the worst case), it is given back at once
+too. The agent runs as a real process (``crash_driver.py``), which copies the journal's files
+after each fsync; it is killed right after the unsynced commit, and the copy is put in the
+journal's place, as the disk would be after the power came back. The next start must then end
+every sale with the service's records agreeing (test_crash.assert_no_unearned_money) and take
+the next customer.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.models import InteractionKind, InteractionStatus, TransStatus
-from tests.assembly.crash_driver import WarmDrivers
+from tests.assembly.crash_driver import CARD_FIRST, WarmDrivers
 from tests.assembly.test_crash import (
     TIME_SCALE,
     Driver,
@@ -112,6 +116,40 @@ async def test_a_power_cut_that_loses_the_capture_request_gives_the_money_back(
     sales = journaled_sales(tmp_path)
     ended = sales[killed.sale_id]
     assert ended.state is SaleState.REVERSED, ended.message
+    await assert_no_unearned_money(sim, sales, driver.markers)
+    assert [s for s in await statuses_of(sim, killed.order_id) if s] == [TransStatus.VOIDED]
+
+
+@pytest.mark.slow(seconds=6)
+@pytest.mark.parametrize("last", ["dispense.chosen", "capture.request"])
+async def test_a_power_cut_that_loses_a_card_first_choice_gives_all_the_money_back_at_once(
+    sim_factory: Any, drivers: WarmDrivers, tmp_path: Path, last: str
+) -> None:
+    # Card first ($3.00 authorized, $1.75 chosen): the choice's step (dispense.chosen) has no
+    # fsync of its own. Killed right after it (before the vend's approval), or after the
+    # confirmed vend's capture request (both unsynced), then the disk as at its last fsync:
+    # the journal holds a vend approved up to $3.00 and no choice. A real power cut also ends
+    # the boot; here the start is on the same one, the worst case: still nothing is captured
+    # (no price is known, the $3.00 is never taken for it), nothing listened for, and the
+    # authorization given back at once; never money without a price the machine vended.
+    sim = await sim_factory(time_scale=TIME_SCALE, seed=8, transactions=0)
+    driver = driver_on(sim, drivers, tmp_path)
+    disk = power_cut_after(driver, tmp_path)
+    kill_at = 8 if last == "dispense.chosen" else 9
+    assert await driver.run(CARD_FIRST, 300, "vended", kill_at) == "killed"
+    assert driver.steps[-1] == last
+    assert driver.steps[6:8] == ["dispense.request", "dispense.chosen"]
+    [killed] = journaled_sales(tmp_path).values()
+    power_back(disk, tmp_path, driver)
+    [lost] = journaled_sales(tmp_path).values()
+    assert (lost.state, lost.product) == (SaleState.DISPENSING, None)  # the choice is gone
+
+    assert await driver.run() == "done"
+
+    sales = journaled_sales(tmp_path)
+    ended = sales[killed.sale_id]
+    assert (ended.state, ended.captured_cents) == (SaleState.REVERSED, 0), ended.message
+    assert "after the restart" not in ended.message  # not listened for: given back at once
     await assert_no_unearned_money(sim, sales, driver.markers)
     assert [s for s in await statuses_of(sim, killed.order_id) if s] == [TransStatus.VOIDED]
 

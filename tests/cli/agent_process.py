@@ -16,6 +16,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from kiosk_agent.redact import redact
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.models import TransactionFilter, TransStatus
 from kiosk_agent.service.settings import ServiceSettings
@@ -117,11 +118,17 @@ class AgentProcess:
     def text(self) -> str:
         return self.log.read_text() if self.log.exists() else ""
 
+    def says(self, words: str) -> bool:
+        """Whether the log says ``words``, redacted as the agent's log is: a sale id (32 hex
+        digits) may hold 13-19 digits in a row that pass the Luhn check, which the log masks
+        as a card number (kiosk_agent/redact.py)."""
+        return redact(words) in self.text()
+
     async def wait_for_log(self, words: str, within: float = 30.0) -> None:
-        """Until the log says ``words``; fails if the agent ends first."""
+        """Until the log says ``words`` (:meth:`says`); fails if the agent ends first."""
         assert self.proc is not None
         async with asyncio.timeout(within):
-            while words not in self.text():
+            while not self.says(words):
                 assert self.proc.returncode is None, self.text()[-3000:]
                 await asyncio.sleep(POLL_S)
 
@@ -242,7 +249,7 @@ def _recovery_acted(journal: Path, sale_id: str) -> tuple[float, float, str, str
 def given_back_at_once(journal: Path, sale_id: str, vend_timeout: float) -> None:
     """A start after a crash gave ``sale_id``'s money back without listening for its vend: the
     demo's ``virtual`` machine is made anew with each agent, so nothing of the last run's vend
-    can be heard (recovery.py ``_vend_left``); well before the vend's own deadline."""
+    can be heard (recovery.py ``_hearing``); well before the vend's own deadline."""
     approved, acted, step, state, message = _recovery_acted(journal, sale_id)
     assert acted < approved + vend_timeout - 1, (step, acted - approved)
     assert state == "reversed", (state, message)

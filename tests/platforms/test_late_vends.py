@@ -389,6 +389,53 @@ async def test_a_new_selection_while_recovery_listens_ends_the_hearing_and_no_se
             "A2", SaleState.COMPLETED, 250), final.message
 
 
+# card first: the agent offers up to $5.00 (C,START), the customer chooses, the sale vends that
+_CARD_FIRST = {"platform": "mdb", "name": "front", "flow": "authorize_capture",
+               "mode": "card_first", "max_funds": "5.00", "session_timeout": 30}
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["success", "failure"])
+async def test_a_restart_mid_card_first_vend_still_hears_the_vend_result_at_the_chosen_price(
+    tmp_path: Path, sim_settings: Any, controller: VirtualController, fails: bool
+) -> None:
+    """Standing rule 13 for a card-first sale (mdb: the card is read first, the customer then
+    chooses B1, $3.25 of the $5.00 held): the agent stops mid-vend and restarts on the same boot
+    (one injected clock: the vend's deadline never passes by itself) while the controller goes
+    on vending. Recovery listens, the setup held back, and settles on what the controller says:
+    a success captures the chosen $3.25 (not the $5.00 held), a failure gives the money back;
+    nothing is a late vend. Before, the chosen price was not journaled: recovery gave the money
+    back at once and the success became a product gone out unpaid."""
+    trigger = {**_CARD_FIRST, "port": controller.port, "vend_timeout": 30}
+    clock, controller.clock = FakeClock(), FakeClock()
+    async with running_agent(tmp_path, sim_settings, [trigger], clock=clock) as first:
+        await asyncio.wait_for(controller.wait_enabled(), 5)
+        visit = asyncio.create_task(controller.card_first_customer("B1", fail=fails))
+        await _dropping(controller.clock)  # C,VEND,3.25 approved: the machine drops it
+        [record] = [r for r in first.journal.query() if r.state is SaleState.DISPENSING]
+        await first.sales.stop(grace=0)  # parked where it stands
+    assert "C,VEND,3.25" in controller.received
+    sent = len(controller.received)
+    async with running_agent(tmp_path, sim_settings, [trigger], clock=clock) as second:
+        [platform] = second.platforms
+        await until(lambda: platform.device.link.connected)
+        assert second.sales.listening_after_restart(record.sale_id) is not None
+        await asyncio.sleep(0.2)  # a setup sent on connect would be in by now
+        assert second.journal.get(record.sale_id).state is SaleState.DISPENSING
+        assert "C,0" not in controller.received[sent:]  # held back while recovery listens
+        await _dropped(controller.clock)  # the result, said to the new start
+        await asyncio.wait_for(second.recovery.wait(), 30)
+        final = _ended_as_heard(second, record.sale_id, fails)
+        assert final.product == "B1"
+        query = TransactionFilter(order_id=final.order_id)
+        rows = [t async for t in second.service.reporting.transactions(query)]
+        assert [(r.status, r.amount_cents) for r in rows] == (
+            [(TransStatus.VOIDED, 500)] if fails else [(TransStatus.CAPTURED, 325)]), rows
+        await until(lambda: "C,1" in controller.received[sent:])  # set up once it is over
+        expected = VisitOutcome.FAILED if fails else VisitOutcome.VENDED
+        assert (await asyncio.wait_for(visit, 10)).outcome is expected
+        await second.sales.stop(grace=0)  # the next card-first offer waits on the clock
+
+
 @pytest.mark.parametrize("kind", _MACHINES)
 async def test_a_vend_success_after_a_restart_mid_dispense_reaches_a_person(
     tmp_path: Path, sim_settings: Any, controller: VirtualController, kind: str

@@ -423,3 +423,59 @@ async def test_a_dispense_success_heard_after_the_sale_gave_up_is_told_not_dropp
         1, "s-late")  # fmt: skip
     [said] = [r.getMessage() for r in caplog.records if "s-late" in r.getMessage()]
     assert "A1 went out unpaid" in said
+
+
+class HearingDesk(CardDesk):
+    """The agent's runner as a start after a crash mid-dispense finds it: recovery listens for
+    how sale ``left1`` (B1) ended, its setup held back meanwhile, and holds the terminal (a new
+    sale is refused at once: TerminalBusy). ``hearing`` is set as the hearing ends."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held_elsewhere = True
+        self.hearing: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+    def left_dispensing(self, source: str) -> list[tuple[str, str | None]]:
+        return [("left1", "B1")]
+
+    def listening_after_restart(self, sale_id: str | None) -> asyncio.Future[Any] | None:
+        return self.hearing if sale_id == "left1" and not self.hearing.done() else None
+
+
+@pytest.mark.parametrize("first", ["the deadline", "the request"])
+async def test_the_init_lines_held_for_the_hearing_never_cut_into_a_refused_request(
+    first: str
+) -> None:
+    """The init lines (``C,0``, ``C,1``: a reset of the controller's session) held back while
+    recovery listens for the dispense a restart left come once the hearing ends; a customer's
+    request heard in the same turn as the hearing's deadline is refused (recovery still holds
+    the terminal while it gives that money back). Whichever comes first in that turn, the
+    device hears the refusal (``C,STOP``) and then the init lines: never a reset between its
+    request and the answer. Before, the deadline first sent the init lines into the request
+    still waiting for its answer (a window of a loop turn)."""
+    adapter = LineDevice()
+    sales = HearingDesk()
+    config = PLATFORM_SCHEMA(dict(MDB_AS_LINES, port=adapter.port))
+    device = SerialLineDevice(
+        sales, SerialSettings(port=adapter.port, reconnect_min=0.02, reconnect_max=0.2),
+        LineRules.from_config(config), source="serial_line:vmc",
+    )
+    try:
+        await device.start()
+        await until(lambda: device.link.connected)
+        await asyncio.sleep(0.05)
+        assert adapter.heard == []  # held back while recovery listens
+        if first == "the deadline":
+            sales.hearing.set_result(None)
+            device.handle_line("c,STATUS,VEND,2.50,A2")
+        else:
+            device.handle_line("c,STATUS,VEND,2.50,A2")
+            sales.hearing.set_result(None)
+        await until(lambda: len(adapter.heard) >= 3)
+        await asyncio.sleep(0.05)
+        assert adapter.heard == ["C,STOP", "C,0", "C,1"]
+        assert sales.refused == 1
+        assert device.vend is None
+    finally:
+        await device.stop()
+        adapter.close()

@@ -31,7 +31,7 @@ from kiosk_agent.sales.model import (
     Selection,
 )
 from kiosk_agent.sales.runner import TerminalBusy
-from kiosk_agent.sales.states import SaleState
+from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.service import cable as cable_module
 from kiosk_agent.service.models import TransactionFilter, TransStatus
 from tests.assembly.agent_helpers import ScriptedDispenser
@@ -252,6 +252,55 @@ async def test_card_first_a_choice_in_time_is_vended_and_only_its_price_captured
     assert (machine.offered, machine.authorized, machine.denied) == ([500], [500], [])
     assert event.state is SaleState.COMPLETED
     assert event.captured_cents == 275
+
+
+class ChoiceWitness(ChoosingMachine):
+    """Card first, a machine that notes as it is told to vend what the journal holds on disk
+    of the sale, what the bus has heard of it, and the commits' synchronous settings so far."""
+
+    def __init__(self, agent: Agent, clock: FakeClock) -> None:
+        super().__init__(clock, Selection("B2", 275), 1.0)
+        self.agent = agent
+        self.heard: list[str] = []
+        self.said: list[str] = []
+        self.at_the_vend: list[tuple[str, ...]] = []
+        agent.events.listen(lambda event: self.heard.append(event.step))
+
+    async def choose(self, funds_cents: int) -> Selection | DispenseOutcome:
+        chosen = await super().choose(funds_cents)
+        self.agent.journal.db.set_trace_callback(self.said.append)  # from the choice on
+        return chosen
+
+    async def dispense(self, authorized_cents: int) -> Any:
+        self.agent.journal.db.set_trace_callback(None)
+        self.at_the_vend.append((*(last_step_on_disk(self.agent) or ()), *self.heard[-1:]))
+        return await super().dispense(authorized_cents)
+
+
+async def test_card_first_the_choice_is_on_disk_before_its_vend_is_approved(
+    agent_factory: Any
+) -> None:
+    """What recovery needs to listen for a card-first vend after a restart (the chosen product
+    and price, and when it was approved) is committed before the machine is told to vend
+    (C,VEND) and published after it, in a commit without an fsync of its own (a kill keeps it;
+    the vend is heard only on the boot that approved it, which a power cut ends)."""
+    clock = FakeClock(wall=time.time())
+    agent = await agent_factory(clock=clock)
+    machine = ChoiceWitness(agent, clock)
+    event = await clock.run(sell(agent, 500, machine, flow=Flow.AUTHORIZE_CAPTURE,
+                                 chosen_at_machine=True), horizon=120.0)
+    assert (event.state, event.captured_cents, event.product) == (
+        SaleState.COMPLETED, 275, "B2")
+    # on disk as the machine is told to vend; the bus has heard the approval, not the choice
+    assert machine.at_the_vend == [("dispensing", "dispense.chosen", "dispense.request")]
+    assert [s for s in machine.said if "synchronous" in s or s == "COMMIT"] == [
+        "PRAGMA synchronous=NORMAL", "COMMIT", "PRAGMA synchronous=FULL"]
+    [chosen] = [s for s in agent.journal.steps(event.sale_id) if s.step == Step.DISPENSE_CHOSEN]
+    assert chosen.detail["product"] == "B2"
+    assert chosen.detail["cents"] == 275
+    assert chosen.detail["mono"] == pytest.approx(clock.monotonic(), abs=5)
+    journaled = [s.step for s in agent.journal.steps(event.sale_id)]
+    assert machine.heard == journaled[:len(machine.heard)]  # heard in the journal's order
 
 
 async def test_card_first_on_a_machine_that_offers_no_choice_vends_nothing(

@@ -522,7 +522,8 @@ def test_the_card_reads_interaction_id_is_committed_without_an_fsync_of_its_own(
     assert accepted[-2:] == ["COMMIT", "PRAGMA synchronous=FULL"]
     assert [s for s in said if "synchronous" in s] == accepted[:1] + accepted[-1:]
     assert journal.db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL again
-    assert {Step.READ_CARD_ACCEPTED} == UNSYNCED_STEPS  # docs/journal.md names it alone
+    # docs/journal.md names them: the card read's id, a card-first customer's choice
+    assert {Step.READ_CARD_ACCEPTED, Step.DISPENSE_CHOSEN} == UNSYNCED_STEPS
     other = sqlite3.connect(journal.path)  # committed: what a killed process leaves
     assert other.execute("SELECT interaction_id FROM sales").fetchone() == ("ix-1",)
     other.close()

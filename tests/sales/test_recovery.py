@@ -475,7 +475,8 @@ async def test_a_capture_found_above_the_vend_at_recovery_is_put_to_a_person(
 
 
 async def _left_dispensing(
-    sim_factory: Any, tmp_path: Path, boot: str = "fake-boot-1", **fields: Any
+    sim_factory: Any, tmp_path: Path, boot: str = "fake-boot-1", product: str | None = "B1",
+    **fields: Any,
 ) -> tuple[Any, FakeClock]:
     """A sale a crashed agent left dispensing B1 on boot ``fake-boot-1``: authorized on a new
     simulator, approved a second before the next start, its answer due 29 s after (``fields``
@@ -486,7 +487,7 @@ async def _left_dispensing(
     clock = FakeClock(wall=time.time(), boot_id=boot)
     leave_open(
         tmp_path, state=SaleState.DISPENSING, trans_id=trans_id, authorized_cents=300,
-        product="B1", sent_at=clock.time() - 1, sent_mono=clock.monotonic() - 1,
+        product=product, sent_at=clock.time() - 1, sent_mono=clock.monotonic() - 1,
         sent_boot="fake-boot-1", answer_by=clock.time() + 29, **fields,
     )
     return sim, clock
@@ -569,3 +570,192 @@ async def test_a_vend_result_heard_as_the_listening_deadline_passes_is_not_dropp
     assert event.state is SaleState.COMPLETED, event.message
     [row] = await rows(agent.service, "KACRASHED1")
     assert row.status is TransStatus.CAPTURED
+
+
+async def _card_first_left_dispensing(
+    sim_factory: Any, tmp_path: Path, chose_ago: float | None, boot: str = "fake-boot-1",
+    **detail: Any,
+) -> tuple[Any, FakeClock]:
+    """A card-first sale a crashed agent left dispensing: $3.00 authorized, no product named
+    with the request; its customer chose A2 at $2.50 ``chose_ago`` seconds before the next
+    start (None: had not chosen), as the flow journals it (``dispense.chosen``; ``detail``
+    written over it). The next start's clock on ``boot``."""
+    sim, clock = await _left_dispensing(sim_factory, tmp_path, boot, product=None)
+    if chose_ago is not None:
+        journal = Journal(tmp_path / "journal.db")
+        journal.open()
+        record = journal.get("crashed1")
+        assert record is not None
+        journal.record(record, Step.DISPENSE_CHOSEN, product="A2", detail={
+            "product": "A2", "cents": 250, "mono": clock.monotonic() - chose_ago, **detail})
+        journal.close()
+    return sim, clock
+
+
+@pytest.mark.parametrize("heard", [True, False], ids=["success", "silence"])
+async def test_a_card_first_sale_left_dispensing_is_listened_for_from_its_choice(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path, heard: bool
+) -> None:
+    """Card first, the price comes with the customer's choice, journaled before its vend was
+    approved (with this boot's monotonic time): recovery listens for that vend until the choice
+    plus the vend timeout, as for a selection-first sale, and a success is captured at the
+    chosen price ($2.50), not the $3.00 held; silence gives the money back at that deadline.
+    Before, no price was journaled and the money went back at once."""
+    sim, clock = await _card_first_left_dispensing(sim_factory, tmp_path, chose_ago=0.5)
+    agent = await agent_factory(sim=sim, clock=clock)
+    started = clock.monotonic()
+    assert agent.sales.listening_after_restart("crashed1") is not None
+    deadline = started - 0.5 + agent.sales.vend_timeout_of("test")
+    await until(lambda: any(abs(due - deadline) < 0.1 for due in clock.pending()))  # listens
+    recovered = asyncio.ensure_future(agent.recovery.wait())
+    if heard:
+        success = DispenseOutcome(DispenseStatus.VENDED, 0, "A2", "vend success")
+        assert agent.sales.restart_vend_heard("crashed1", success)
+    else:  # its deadline: the choice, half a second before the start, plus the vend timeout
+        # (2 s); not the approval's (dispense.request, a second later than the choice here)
+        await clock.advance_to(deadline - 0.1)
+        await asyncio.sleep(0.05)
+        assert not recovered.done()
+        assert agent.journal.get("crashed1").state is SaleState.DISPENSING
+        await clock.advance_to(deadline)
+    [event] = await asyncio.wait_for(recovered, WAIT_S)  # the clock moved no further
+    [row] = await rows(agent.service, "KACRASHED1")
+    if heard:
+        assert (event.state, event.captured_cents, event.product) == (
+            SaleState.COMPLETED, 250, "A2"), event.message
+        assert (row.status, row.amount_cents) == (TransStatus.CAPTURED, 250)
+        return
+    assert event.state is SaleState.REVERSED
+    assert "no vend result within its vend timeout after the restart" in event.message
+    assert row.status is TransStatus.VOIDED
+
+
+@pytest.mark.parametrize(
+    "choice", ["none", "unreadable", "rebooted", "nothing", "negative", "after the start"])
+async def test_a_card_first_sale_left_before_its_customer_chose_is_given_back_at_once(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path, choice: str
+) -> None:
+    """Card first, the session was open but nobody had chosen: no vend was approved, nothing
+    can be heard of one, and the money goes back at once (no hearing holds the terminal). So
+    too for a choice's step not as the flow writes it (a hand-edited journal: unreadable, a
+    price of nothing or less, a time this boot had not come to): the start goes on, the vend
+    is not listened for. And for a choice on another boot (a power cut, which may also lose
+    that step, committed without an fsync of its own: the controller restarted too)."""
+    if choice == "none":
+        sim, clock = await _card_first_left_dispensing(sim_factory, tmp_path, chose_ago=None)
+    elif choice == "unreadable":
+        sim, clock = await _card_first_left_dispensing(sim_factory, tmp_path, chose_ago=0.5,
+                                                       mono="yesterday", cents=None)
+    elif choice in ("nothing", "negative"):  # the flow never approves these (vend_refusal):
+        # listened for, a success would have captured 0 (which a service may read as "all"),
+        # or less than nothing
+        cents = 0 if choice == "nothing" else -250
+        sim, clock = await _card_first_left_dispensing(sim_factory, tmp_path, chose_ago=0.5,
+                                                       cents=cents)
+    elif choice == "after the start":  # this boot's clock had not come to it: heard for an
+        # hour past the vend timeout
+        sim, clock = await _card_first_left_dispensing(sim_factory, tmp_path, chose_ago=-3600)
+    else:
+        sim, clock = await _card_first_left_dispensing(sim_factory, tmp_path, chose_ago=0.5,
+                                                       boot="fake-boot-2")
+    agent = await agent_factory(sim=sim, clock=clock)
+    started = clock.monotonic()
+    assert agent.sales.listening_after_restart("crashed1") is None
+    [event] = await asyncio.wait_for(agent.recovery.wait(), WAIT_S)  # the clock never moved
+    assert clock.monotonic() == started
+    assert event.state is SaleState.REVERSED
+    assert "after the restart" not in event.message
+    [row] = await rows(agent.service, "KACRASHED1")
+    assert row.status is TransStatus.VOIDED
+
+
+async def test_a_vend_result_heard_before_recovery_comes_to_its_sale_is_settled_on(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path
+) -> None:
+    """An attack on the restart's hearing: recovery finishes a terminal's open sales one after
+    the other, and the one before the sale left dispensing (an authorization whose answer was
+    lost, looked up in reporting until its deadline, 29 s) takes longer than that vend's
+    deadline (2 s). The controller says VEND,SUCCESS at once, in time: the runner takes it
+    (``restart_vend_heard`` answers True, so the platform makes no late vend of it). Before,
+    recovery found the hearing over when it came to the sale and gave the money back
+    ("interrupted before the dispense was confirmed"): the product went out unpaid and nobody
+    was told. Now what was heard is settled on: captured."""
+    wall = time.time()
+    leave_open(tmp_path, sale_id="lost1", order_id="KALOST1", state=SaleState.AUTHORIZING,
+               sent_at=wall - 1, sent_mono=999.0, sent_boot="fake-boot-1", answer_by=wall + 29)
+    sim, clock = await _left_dispensing(sim_factory, tmp_path)  # after it, on one terminal
+    assert clock.monotonic() == 1000.0  # the lost authorization's send anchor, a second ago
+    agent = await agent_factory(sim=sim, clock=clock)
+    success = DispenseOutcome(DispenseStatus.VENDED, 0, "B1", "vend success")
+    assert agent.sales.restart_vend_heard("crashed1", success)  # the platform counts it settled
+    events = await clock.run(agent.recovery.wait(), horizon=600)
+    assert clock.monotonic() > 1002.0  # the vend's deadline passed behind the lost answer
+    ended = {event.sale_id: event for event in events}
+    assert ended["lost1"].state is SaleState.FAILED, ended["lost1"].message
+    assert (ended["crashed1"].state, ended["crashed1"].captured_cents) == (
+        SaleState.COMPLETED, 300), ended["crashed1"].message
+    [row] = await rows(agent.service, "KACRASHED1")
+    assert row.status is TransStatus.CAPTURED
+
+
+@pytest.mark.parametrize("flow", ["selection first", "card first"])
+async def test_a_sale_killed_after_the_machine_said_its_vend_failed_is_not_listened_for(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path, flow: str
+) -> None:
+    """Found by the card-first crash driver (test_crash.py): the machine said the vend failed
+    (``dispense.result``, journaled) and the agent was killed before the give-back's request,
+    the sale still dispensing. That vend is over and its result known: the money goes back at
+    once. Before, recovery listened for it until its deadline, holding the terminal and the
+    controller's setup for a vend that had ended, and would have captured a success heard
+    then (a vend the journal says the machine did not make)."""
+    if flow == "card first":
+        sim, clock = await _card_first_left_dispensing(sim_factory, tmp_path, chose_ago=0.5)
+    else:
+        sim, clock = await _left_dispensing(sim_factory, tmp_path)
+    journal = Journal(tmp_path / "journal.db")
+    journal.open()
+    record = journal.get("crashed1")
+    assert record is not None
+    journal.record(record, Step.DISPENSE_RESULT,
+                   detail={"status": "failed", "vended_cents": 0, "detail": "vend failure"})
+    journal.close()
+    agent = await agent_factory(sim=sim, clock=clock)
+    started = clock.monotonic()
+    assert agent.sales.listening_after_restart("crashed1") is None
+    success = DispenseOutcome(DispenseStatus.VENDED, 0, "B1", "vend success")
+    assert not agent.sales.restart_vend_heard("crashed1", success)  # nobody takes it as paid
+    [event] = await asyncio.wait_for(agent.recovery.wait(), WAIT_S)  # the clock never moved
+    assert clock.monotonic() == started
+    assert (event.state, event.captured_cents) == (SaleState.REVERSED, 0), event.message
+    [row] = await rows(agent.service, "KACRASHED1")
+    assert row.status is TransStatus.VOIDED
+
+
+@pytest.mark.parametrize("flow", ["selection first", "card first"])
+async def test_the_terminal_takes_the_next_sale_while_recovery_captures_a_vend_it_heard(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path, flow: str
+) -> None:
+    """Once the machine said how the vend a restart left ended, what is left of that sale is
+    the payments API's (a capture, or money given back): a live sale lets its terminal go
+    before its capture, and so now does recovery for its terminal's last sale. Before,
+    recovery held the terminal through its capture: the next customer (card first, the
+    machine's next offer) was refused (TerminalBusy) while the capture ran, and the offers
+    came ever more slowly (``offer_pause``) behind a slow one."""
+    if flow == "card first":
+        sim, clock = await _card_first_left_dispensing(sim_factory, tmp_path, chose_ago=0.5)
+    else:
+        sim, clock = await _left_dispensing(sim_factory, tmp_path)
+    slow = {"path": "/api/v1/capture", "fault": "delay", "delay_s": 1.0}  # real seconds
+    await sim_call(sim, "POST", "/sim/faults", slow)
+    agent = await agent_factory(sim=sim, clock=clock)
+    assert agent.sales.busy_reason("SIM-0001") == "recovering sale crashed1"  # it listens
+    recovered = asyncio.ensure_future(agent.recovery.wait())
+    success = DispenseOutcome(DispenseStatus.VENDED, 0, "A2", "vend success")
+    assert agent.sales.restart_vend_heard("crashed1", success)
+    await until(lambda: agent.journal.get("crashed1").state is SaleState.CAPTURING)
+    await asyncio.sleep(0.05)  # the capture is with the service, slow to answer
+    assert not recovered.done()
+    assert agent.sales.busy_reason("SIM-0001") is None  # the next customer may start
+    [event] = await clock.run(recovered, horizon=600)
+    assert event.state is SaleState.COMPLETED, event.message
+    assert event.captured_cents == (250 if flow == "card first" else 300)
