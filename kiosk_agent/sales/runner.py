@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import re
 import sqlite3
 import uuid
 from collections.abc import Callable
@@ -73,11 +74,23 @@ def flow_class(flow: Flow) -> type[SaleFlow]:
     return found
 
 
+# 13 digits in a row: what the log's safety net (redact.py) reads as a card number when they
+# pass the Luhn check. A uuid4's hex holds such a run in some 4 % of draws and a tenth of those
+# pass: about one sale in 250 was logged with its id masked, and a person grepping the log for
+# it found none of its lines.
+_CARD_LIKE = re.compile(r"\d{13}")
+
+
 def new_ids(unit: OwnUnit) -> tuple[str, str]:
     """A sale id and the order_id sent to the service, both made here, before any call; the
-    order id carries the unit's id (sales/unit.py): whose charge it is, without the journal."""
-    sale_id = uuid.uuid4().hex
-    return sale_id, unit.order_id(sale_id)
+    order id carries the unit's id (sales/unit.py): whose charge it is, without the journal.
+    Neither holds 13 digits in a row (drawn again: some 4 % of draws), so the log never masks
+    them as a card number."""
+    while True:
+        sale_id = uuid.uuid4().hex
+        order_id = unit.order_id(sale_id)
+        if _CARD_LIKE.search(sale_id) is None and _CARD_LIKE.search(order_id) is None:
+            return sale_id, order_id
 
 
 @data_class(slots=True)

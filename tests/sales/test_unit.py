@@ -486,3 +486,38 @@ async def test_a_unit_id_that_cannot_be_read_takes_no_customer_until_it_can(
     await until(lambda: agent.unit.confirmed, timeout=5)
     await until(lambda: agent.availability.state("SIM-0001").available)
     assert (await _sell(agent, 250)).order_id.startswith(f"KA{agent.unit.id}-")
+
+
+def test_a_sale_id_that_would_be_logged_as_a_card_number_is_drawn_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before: about one sale id in 250 held 13 digits in a row that pass the Luhn check, and the
+    log's safety net masked them as a card number ("sale 1d967623***9429... completed"): a
+    person grepping the log for that sale found none of its lines. Such a draw is made again."""
+    import uuid
+
+    from kiosk_agent.redact import luhn_valid, redact
+    from kiosk_agent.sales import runner
+
+    run = next(f"411111111111{d}" for d in "0123456789" if luhn_valid(f"411111111111{d}"))
+    card_like = uuid.UUID(f"abcdef{run}abcdefabcdef0")
+    assert redact(f"sale {card_like.hex}") != f"sale {card_like.hex}"  # masked, as it was
+    plain = uuid.UUID("0a1b2c3d4e5f60718293a4b5c6d7e8f9")
+    draws = iter([card_like, plain])
+    monkeypatch.setattr(runner.uuid, "uuid4", lambda: next(draws))
+    sale_id, order_id = runner.new_ids(OwnUnit.fresh())
+    assert sale_id == plain.hex
+    line = f"sale {sale_id} ({order_id}) completed"
+    assert redact(line) == line
+
+
+def test_no_sale_id_or_order_id_is_masked_in_the_log() -> None:
+    """Ids as the agent makes them, many: the log's safety net leaves every one as it is."""
+    from kiosk_agent.redact import redact
+    from kiosk_agent.sales.runner import new_ids
+
+    unit = OwnUnit.fresh()
+    for _ in range(5000):
+        sale_id, order_id = new_ids(unit)
+        line = f"sale {sale_id} ({order_id}) completed"
+        assert redact(line) == line
