@@ -25,6 +25,7 @@ from kiosk_agent.sales.clock import Clock
 from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.sim.context import SimOptions
 from kiosk_agent.sim.server import SimServer
+from tests.admin.test_any_body import KIOSK_BODIES
 from tests.assembly.test_slow_service import held_by_the_service, ledger
 
 from ..helpers import ErrorLog, sim_call, until
@@ -1638,6 +1639,7 @@ _PLAIN_SALES = st.fixed_dictionaries(
                   "amount": st.sampled_from(["2.50", "0.01", 0])},
 )
 SALE_BODIES = st.one_of(
+    KIOSK_BODIES,  # the any-body tests' (any JSON in each field a sale or dispense reads)
     _PLAIN_SALES, _PLAIN_SALES,  # a plain sale, its terminal and e-mail odd or right
     # a plain sale naming a customer or a plan (refused: only an enroll sale saves them)
     st.fixed_dictionaries(
