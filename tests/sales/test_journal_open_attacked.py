@@ -228,3 +228,72 @@ def test_a_run_connection_that_cannot_be_made_leaves_nothing_open(tmp_path: Path
     finally:
         journal.close()
     assert not os.path.exists(f"{path}-wal")  # the last close checkpointed as ever
+
+
+# Journal.open on a small file system of its own (a tmpfs in a mount namespace of the test's):
+# full (a filler takes every block left) or read-only; then as the disk is made whole again
+OPEN_ON = """\
+import json, os, sys
+from pathlib import Path
+from kiosk_agent.sales.journal import Journal
+from kiosk_agent.sales.model import JournalError
+
+def fds():
+    return len(os.listdir("/proc/self/fd"))
+
+before = fds()
+journal = Journal(Path(sys.argv[1]))
+try:
+    journal.open()
+    said = "opened"
+    crashed = journal.db.execute(
+        "SELECT count(*) FROM sales WHERE product LIKE 'crashed-%'").fetchone()[0]
+    synchronous = journal.db.execute("PRAGMA synchronous").fetchone()[0]
+    said += f": {crashed} crashed, synchronous {synchronous}"
+    journal.close()
+except JournalError as err:
+    said = str(err).removeprefix(f"cannot open the journal at {sys.argv[1]}: ")
+print(json.dumps({"said": said, "left_open": fds() - before}))
+"""
+
+ON_A_SMALL_DISK = """\
+set -e
+mount -t tmpfs -o size=512k tmpfs "$1/disk"
+cp "$1/crashed.db" "$1/crashed.db-wal" "$1/crashed.db-shm" "$1/disk/"
+if [ "$2" = full ]; then dd if=/dev/zero of="$1/disk/filler" bs=1k 2>/dev/null || true; fi
+if [ "$2" = read-only ]; then mount -o remount,ro "$1/disk"; fi
+"$3" -c "$4" "$1/disk/crashed.db"
+if [ "$2" = full ]; then rm "$1/disk/filler"; fi
+if [ "$2" = read-only ]; then mount -o remount,rw "$1/disk"; fi
+"$3" -c "$4" "$1/disk/crashed.db"
+"""
+
+
+@pytest.mark.parametrize(("disk", "refusal"), [
+    ("full", "database or disk is full"),  # the migration's commit
+    ("read-only", "attempt to write a readonly database"),
+])  # fmt: skip
+def test_a_full_or_read_only_disk_at_open_refuses_clearly_and_loses_nothing(
+    tmp_path: Path, disk: str, refusal: str
+) -> None:
+    """A journal of an older schema an older run left crashed (frames in its WAL), opened on a
+    disk that is full or read-only: the migration cannot commit, a clear JournalError naming
+    the fault, no descriptor left open; the disk whole again, it opens migrated with every
+    crashed frame and the run's settings. (main's one connection answers the same.)"""
+    probe = subprocess.run(
+        ["unshare", "-m", "sh", "-c", f"mount -t tmpfs tmpfs {tmp_path}"],
+        capture_output=True, check=False,
+    )  # fmt: skip
+    if probe.returncode != 0:
+        pytest.skip("no mount namespace here (needs root and unshare)")
+    _an_older_journal_a_crash_left(tmp_path)
+    (tmp_path / "disk").mkdir()
+    done = subprocess.run(
+        ["unshare", "-m", "sh", "-c", ON_A_SMALL_DISK, "sh", str(tmp_path), disk,
+         sys.executable, OPEN_ON],
+        capture_output=True, text=True, timeout=60, cwd=ROOT, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    refused, opened = (json.loads(line) for line in done.stdout.splitlines())
+    assert refused == {"said": refusal, "left_open": 0}
+    assert opened == {"said": f"opened: {SALES} crashed, synchronous 2", "left_open": 0}
