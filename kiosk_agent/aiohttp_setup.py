@@ -16,6 +16,7 @@ the service is reached over https, its first requests go before READY=1.
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import sys
 import types
@@ -41,7 +42,7 @@ def skip_unverified_trust_store() -> bool:
 class _ConnectorFinder:
     """Finds ``aiohttp.connector`` (and nothing else) as aiohttp has it, and runs its body with
     the trust store left out of a context that verifies nothing; gone from ``sys.meta_path``
-    once it has."""
+    as the body starts (a body that raises too: a second import is aiohttp's own)."""
 
     def find_spec(
         self, name: str, path: Sequence[str] | None = None, target: object = None
@@ -51,29 +52,41 @@ class _ConnectorFinder:
         spec = PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        run_body: Callable[[types.ModuleType], None] = spec.loader.exec_module
+        loader = spec.loader
+        run_body: Callable[[types.ModuleType], None] = loader.exec_module
 
         def exec_module(module: types.ModuleType) -> None:
-            with _no_trust_store_where_nothing_is_verified():
-                run_body(module)
+            # once, whether the body ran or raised: a finder left behind would be asked at
+            # every import of the run, and the loader (a zip's is shared) would wrap others
             if self in sys.meta_path:
                 sys.meta_path.remove(self)
+            vars(loader).pop("exec_module", None)
+            with _no_trust_store_where_nothing_is_verified():
+                run_body(module)
 
-        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
 
 
 @contextlib.contextmanager
 def _no_trust_store_where_nothing_is_verified() -> Iterator[None]:
     """``ssl.SSLContext.set_default_verify_paths`` a no-op for a context of ``CERT_NONE`` inside
-    the block; the class's own method (the standard library's) again after it."""
-    import ssl
+    the block, in the thread that runs it only; the class's own method (the standard library's)
+    again after it. The class is the process's: a context another thread makes meanwhile (one
+    that verifies nothing yet, as a server's is made before it asks for client certificates)
+    gets the store as it would without the block."""
+    try:
+        import ssl
+    except ImportError:  # a Python without ssl: aiohttp makes no context either
+        yield
+        return
 
     own = vars(ssl.SSLContext).get(_PATHS)  # None: inherited from _ssl._SSLContext
     load: Callable[[Any], None] = ssl.SSLContext.set_default_verify_paths
+    importer = _thread.get_ident()
 
     def where_verified(context: Any) -> None:
-        if context.verify_mode != ssl.CERT_NONE:
+        if context.verify_mode != ssl.CERT_NONE or _thread.get_ident() != importer:
             load(context)
 
     setattr(ssl.SSLContext, _PATHS, where_verified)

@@ -25,6 +25,7 @@ from kiosk_agent.sales.clock import Clock
 from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.sim.context import SimOptions
 from kiosk_agent.sim.server import SimServer
+from tests.admin.test_any_body import KIOSK_BODIES
 from tests.assembly.test_slow_service import held_by_the_service, ledger
 
 from ..helpers import ErrorLog, sim_call, until
@@ -1556,6 +1557,8 @@ async def test_a_plain_sales_body_is_checked_without_calls_for_what_it_does_not_
     assert (status, refused["field"]) == (400, "customer")
     status, refused = await app.post("/sales", {"product": "coffee", "email": "x" * 300 + "@a"})
     assert (status, refused["field"]) == (400, "email")
+
+
 async def test_a_sale_given_back_tells_the_app_what_was_given_back(
     tmp_path: Path, sim_settings: Any
 ) -> None:
@@ -1589,3 +1592,118 @@ async def test_a_sale_given_back_tells_the_app_what_was_given_back(
                 last = step
         assert (last["state"], last["captured_cents"], last["reversed_cents"]) == (
             "completed", 150, 0)
+
+
+def _checked_as_before(api: KioskApi, body: dict[str, Any]) -> Any:
+    """What ``_sale_request`` answered before the plain sale's cut (5a05e42): every body went
+    through ``_enrollment``, the terminal (the body's, else the configured one) and the e-mail
+    through ``_plain``. The cut must answer every body the same."""
+    from kiosk_agent.platforms.kiosk_api import (
+        MAX_EMAIL_CHARS,
+        MAX_NAME_CHARS,
+        MAX_PRODUCT_CHARS,
+        BadRequest,
+        _enrollment,
+        _plain,
+    )
+    from kiosk_agent.sales.model import SaleRequest
+
+    try:
+        product = body.get("product")
+        if product is not None and not isinstance(product, str):
+            raise BadRequest("product", "expected a string")
+        _plain("product", product, MAX_PRODUCT_CHARS)
+        asked = body.get("flow")
+        flow = api._default_flow if asked is None else api._flow(asked)
+        customer, plan = _enrollment(body, flow)
+        amount = api._amount(body, product, api.config["products"], flow, plan)
+        terminal = body.get("terminal", api.config.get("terminal"))
+        if terminal is not None and not isinstance(terminal, str):
+            raise BadRequest("terminal", "expected a device id or terminal name")
+        _plain("terminal", terminal, MAX_NAME_CHARS)
+        email = body.get("email")
+        if email is not None and (not isinstance(email, str) or "@" not in email):
+            raise BadRequest("email", "expected an e-mail address")
+        _plain("email", email, MAX_EMAIL_CHARS)
+    except BadRequest as err:
+        return ("refused", err.field, err.message)
+    return SaleRequest(
+        source=api.name, flow=flow, amount_cents=amount, product=product, terminal=terminal,
+        email=email, plan=plan, metadata=customer, max_cents=api.config["max_price"],
+        vend_timeout=api.config.get("vend_timeout"),
+    )  # fmt: skip
+
+
+def _checked_now(api: KioskApi, body: dict[str, Any]) -> Any:
+    from kiosk_agent.platforms.kiosk_api import BadRequest
+
+    try:
+        return api._sale_request(body)
+    except BadRequest as err:
+        return ("refused", err.field, err.message)
+
+
+# The fields the plain sale's cut skips checks for, in odd forms: absent, null, empty, wrong
+# type, a control character, too long, and right (the any-body tests' scalars and trees too)
+_ODD_TEXT = st.sampled_from(["", " ", "SIM-0001", "SIM\x01", "x" * 65, "pat@example.com",
+                             "x" * 250 + "@a.b", "pat@\x00", "@", "no-at-sign"])
+_ODD = st.none() | st.booleans() | st.integers() | st.floats() | _ODD_TEXT | st.text(max_size=8)
+_ODD_VALUES = _ODD | st.lists(_ODD, max_size=2) | st.dictionaries(st.text(max_size=6), _ODD,
+                                                                  max_size=2)
+_A_CUSTOMER = st.fixed_dictionaries(
+    {"name": st.just("Pat Doe"), "account_zip": st.just("12345"), "address1": st.just("1 Main"),
+     "city": st.just("Springfield"), "region": st.just("IL"), "phone": st.just("555-123-4567")},
+    optional={"country": st.sampled_from(["US", "US", "us", ""]), "address2": st.just("Apt 2")},
+)  # fmt: skip
+_A_PLAN = st.fixed_dictionaries(
+    {"amount": st.sampled_from(["9.99", "9.99", "0", 5]), "rrule": st.just(PLAN["rrule"])},
+    optional={"name": _ODD},
+)  # fmt: skip
+
+
+def _mostly(right: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.one_of(right, right, right, _ODD_VALUES)
+
+
+_ODD_FIELDS = {"terminal": _mostly(st.sampled_from(["SIM-0001", "front", None])),
+               "email": _mostly(st.just("pat@example.com"))}
+_PRODUCTS = st.sampled_from(["coffee"] * 6 + ["tea", "", "caf\x07", None])
+_PLAIN_SALES = st.fixed_dictionaries(
+        {"product": _PRODUCTS},
+        optional={"flow": st.sampled_from(["charge_card", "authorize_capture"]), **_ODD_FIELDS,
+                  "amount": st.sampled_from(["2.50", "0.01", 0])},
+)
+SALE_BODIES = st.one_of(
+    KIOSK_BODIES,  # the any-body tests' (any JSON in each field a sale or dispense reads)
+    _PLAIN_SALES, _PLAIN_SALES,  # a plain sale, its terminal and e-mail odd or right
+    # a plain sale naming a customer or a plan (refused: only an enroll sale saves them)
+    st.fixed_dictionaries(
+        {"product": _PRODUCTS, "customer": _A_CUSTOMER | _ODD_VALUES},
+        optional={"plan": _A_PLAN | _ODD_VALUES, **_ODD_FIELDS},
+    ),
+    # an enrollment, right or with one field odd
+    st.fixed_dictionaries(
+        {"flow": st.just("enroll"), "email": _mostly(st.just("pat@example.com")),
+         "customer": _mostly(_A_CUSTOMER), "plan": _mostly(_A_PLAN)},
+        optional={
+                  "terminal": _ODD_FIELDS["terminal"], "product": _PRODUCTS},
+    ),
+)  # fmt: skip
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(body=SALE_BODIES, configured=st.sampled_from([None, "SIM-0001", "front"]),
+       default_flow=st.sampled_from(["charge_card", "authorize_capture", "enroll"]))
+def test_any_sale_body_is_answered_as_before_the_plain_sales_cut(
+    body: dict[str, Any], configured: str | None, default_flow: str
+) -> None:
+    """The cut skips ``_enrollment`` for a sale naming no customer nor plan, the configured
+    terminal's text check, and the e-mail's when none is sent: bodies holding those fields in
+    odd forms (null, empty, wrong type, control characters, too long, an enroll sale's right
+    ones) get the same SaleRequest, or the same refusal of the same field, as before."""
+    config = PLATFORM_SCHEMA({
+        "platform": "kiosk_api", "token": TOKEN, "products": {"coffee": "2.50"},
+        "flow": default_flow, **({"terminal": configured} if configured else {}),
+    })  # fmt: skip
+    api = KioskApi(None, config)
+    assert _checked_now(api, body) == _checked_as_before(api, body)

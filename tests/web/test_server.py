@@ -91,6 +91,7 @@ async def _site(
     limits: HttpLimits,
     held: list[web.Request] | None = None,
     clock: Clock | None = None,
+    client_max_size: int = 1024**2,
 ) -> LocalSite:
     """A site with ``/echo`` and ``/hold`` (30 s); each held request is added to ``held``."""
 
@@ -107,7 +108,7 @@ async def _site(
         await asyncio.sleep(30)
         return web.Response()
 
-    app = web.Application()
+    app = web.Application(client_max_size=client_max_size)
     app.router.add_post("/echo", echo)
     app.router.add_get("/hold", hold)
     if clock is None:
@@ -619,5 +620,71 @@ async def test_a_json_body_already_arrived_is_read_without_parsing_its_type_or_t
                 async with http.post(f"{site.url}/echo", data=b'{"a": 1}',
                                      headers={"Content-Type": content_type}) as response:
                     assert response.status == status, content_type
+    finally:
+        await site.stop()
+
+
+async def _answer_to(site: LocalSite, head: bytes, *parts: bytes) -> tuple[int, dict[str, str]]:
+    """The status and JSON answer to a raw request: ``head`` (its blank line added), then each
+    part written as it is, a turn of the loop apart."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", site.port)
+    try:
+        writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\n" + head + b"\r\n")
+        for part in parts:
+            writer.write(part)
+            await writer.drain()
+            await asyncio.sleep(0.01)
+        status_line = await asyncio.wait_for(reader.readline(), 5)
+        head_lines = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        length = next(int(line.split(b":")[1]) for line in head_lines.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:"))
+        body = await asyncio.wait_for(reader.readexactly(length), 5)
+        return int(status_line.split()[1]), json.loads(body)
+    finally:
+        writer.close()
+
+
+async def test_a_body_is_judged_as_before_the_fast_paths_whatever_its_type_and_pace() -> None:
+    """The cut (e70fe5f) takes a body already here without the limits' lookup and a type of
+    exactly ``application/json`` without its parse. Attacked: other spellings of the type are
+    parsed and judged as before (a charset, capitals, none, a near miss), a body still above the
+    size limit is refused 413 whether it came whole or in parts, one that stops coming gets 408,
+    and a body sent as latin-1 is read as JSON only if it is UTF-8 (a clear 400 else)."""
+    site = await _site(_limits(), client_max_size=64)
+    small = b'{"a": "b"}'
+    big = b'{"a": "' + b"x" * 120 + b'"}'
+
+    def typed(content_type: bytes, body: bytes, length: int | None = None) -> bytes:
+        kind = b"Content-Type: " + content_type + b"\r\n" if content_type else b""
+        return kind + b"Content-Length: %d\r\n" % (len(body) if length is None else length)
+
+    try:
+        for content_type, status in ((b"application/json", 200),
+                                     (b"application/json; charset=latin-1", 200),
+                                     (b"APPLICATION/JSON", 200), (b"Application/Json ;", 200),
+                                     (b"application/vnd.kiosk+json", 200), (b"", 415),
+                                     (b"application/jsonp", 415), (b"text/json", 415),
+                                     (b"application/x-www-form-urlencoded", 415)):
+            got = await _answer_to(site, typed(content_type, small), small)
+            assert got[0] == status, (content_type, got)
+            if status == 200:
+                assert got[1] == {"got": {"a": "b"}}
+            else:
+                assert got[1]["error"] == "unsupported_media_type"
+        # above the 64-byte limit: all of it at once (the fast path), or in parts
+        for parts in ((big,), (big[:10], big[10:80], big[80:])):
+            for content_type in (b"application/json", b"application/json; charset=utf-8"):
+                status, answer = await _answer_to(site, typed(content_type, big), *parts)
+                assert (status, answer["error"]) == (413, "too_large"), (content_type, parts)
+        # announced but never whole: past body_timeout (0.3 s)
+        for content_type in (b"application/json", b"APPLICATION/JSON"):
+            status, answer = await _answer_to(site, typed(content_type, small, 40), small)
+            assert (status, answer["error"]) == (408, "body_timeout")
+        # latin-1 as its type says: not UTF-8, refused naming the byte
+        latin = '{"a": "caf\u00e9"}'.encode("latin-1")
+        status, answer = await _answer_to(
+            site, typed(b"application/json; charset=latin-1", latin), latin)
+        assert (status, answer["error"]) == (400, "malformed")
+        assert answer["message"] == "the body is not UTF-8 (byte 10)"
     finally:
         await site.stop()
