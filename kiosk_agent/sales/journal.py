@@ -667,7 +667,9 @@ class Journal(JournalReads, JournalPrune):
         first (no call, no vend): the last of them is durable before what it announces, and a
         crash before the commit leaves the sale as it was before the first, which recovery
         handles as it always did. Synchronous code only inside (no await): another sale's write
-        must not join the transaction. Any exception rolls every write of the batch back.
+        must not join the transaction. Any exception rolls every write of the batch back. A
+        sale's steps inside are written at its end, one UPDATE and one INSERT a sale
+        (:meth:`_update_in_batch`): a sale moved before the batch raises SaleMoved there.
         """
         return _Batch(self)
 
