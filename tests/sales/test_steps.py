@@ -67,25 +67,30 @@ def test_a_commit_of_steps_is_entered_and_left_in_a_few_calls_and_keeps_no_recor
 
 
 class CommitFails:
-    """The journal's connection, whose next COMMIT fails as a full disk's does."""
+    """The journal's connection, whose next statement beginning with ``failing`` (the COMMIT,
+    or one of the writes the batch makes at its end) fails as a full disk's does."""
 
-    def __init__(self, real: sqlite3.Connection) -> None:
+    def __init__(self, real: sqlite3.Connection, failing: str = "COMMIT") -> None:
         self.real = real
+        self.failing = failing
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.real, name)
 
     def execute(self, sql: str, *args: Any) -> Any:
-        if sql == "COMMIT":
+        if sql.startswith(self.failing):
             raise sqlite3.OperationalError("database or disk is full")
         return self.real.execute(sql, *args)
 
 
+@pytest.mark.parametrize("failing", ["COMMIT", "UPDATE sales", "INSERT INTO steps"])
 def test_a_commit_of_steps_that_fails_keeps_them_in_memory_in_order_and_publishes_none(
-    journal: Journal,
+    journal: Journal, failing: str
 ) -> None:
     """The batch rolled back whole: the sale is as the journal holds it, memory keeps it as the
-    journal should (every step applied) and the steps to write again, in order."""
+    journal should (every step applied) and the steps to write again, in order. The sale's
+    steps are written at the batch's end (one UPDATE, one INSERT): a disk failing at either
+    is the failed commit too."""
     heard: list[SaleEvent] = []
     steps = sale_steps(journal, heard)
     before = steps.record
@@ -97,7 +102,7 @@ def test_a_commit_of_steps_that_fails_keeps_them_in_memory_in_order_and_publishe
             steps.step(Step.AUTHORIZE_REQUEST, SaleState.AUTHORIZING, "authorizing $2.50",
                        detail={"amount_cents": 250})
 
-    journal._db = cast(Any, CommitFails(real))
+    journal._db = cast(Any, CommitFails(real, failing))
     try:
         with pytest.raises(JournalError, match="disk is full"):
             read_and_authorize()
