@@ -898,7 +898,7 @@ class Journal(JournalReads, JournalPrune):
             held = self._updated = _Updated(sale.sale_id, expected._value_)
         held.assignments.update(assignments)
         held.state = new_state._value_
-        if beside or held.beside is not None:
+        if beside:  # as one statement a step: only a step that sets them writes them
             held.beside = updated.row()
         held.steps.append(_step_row(sale.sale_id, updated.updated_at, named, new_state, detail))
         return updated

@@ -143,9 +143,10 @@ Op = tuple[Any, ...]
 OPS = st.one_of(
     st.tuples(st.just("create")),
     # (sale, menu entry, whether a refusal is caught inside, whether the flow takes the first
-    # entry from there that the table allows from the state its memory holds)
+    # entry from there that the table allows from the state its memory holds, whether it
+    # writes from the record it held at the batch's start, from the state it holds: if_state)
     st.tuples(st.just("step"), st.integers(0, 7), st.integers(0, len(MENU) - 1),
-              st.booleans(), st.booleans()),
+              st.booleans(), st.booleans(), st.booleans()),
     st.tuples(st.just("read"), st.integers(0, 7), st.sampled_from(["get", "find", "steps"])),
     st.tuples(st.just("raise")),
 )
@@ -186,7 +187,7 @@ class BatchesAsSteps(RuleBasedStateMachine):
             with journal.batch():
                 for n, op in enumerate(ops):
                     self.clock.now = start + n
-                    seen.append(self._op(journal, held, op, n, made))
+                    seen.append(self._op(journal, held, memory, op, n, made))
                     if op[0] == "create":
                         made += 1
         except (SaleMoved, TransitionRefused, JournalError, Boom) as err:
@@ -199,8 +200,8 @@ class BatchesAsSteps(RuleBasedStateMachine):
             return type(err).__name__, seen, memory
         return None, seen, held
 
-    def _op(self, journal: Journal, held: dict[str, SaleRecord], op: Op, n: int,
-            made: int) -> Any:
+    def _op(self, journal: Journal, held: dict[str, SaleRecord], start: dict[str, SaleRecord],
+            op: Op, n: int, made: int) -> Any:
         if op[0] == "create":
             sale_id = f"s{made}"
             held[sale_id] = journal.create(SaleRecord(
@@ -222,8 +223,12 @@ class BatchesAsSteps(RuleBasedStateMachine):
             return journal.steps(sale_id)
         step, state, fields, detail = _allowed(held[sale_id], op[2]) if op[4] else MENU[op[2]]
         fields = {k: v + n if isinstance(v, float) else v for k, v in fields.items()}
+        base, if_state = held[sale_id], None
+        if op[5] and sale_id in start:  # a record from before the batch's steps of the sale
+            base, if_state = start[sale_id], held[sale_id].state
         try:
-            held[sale_id] = journal.record(held[sale_id], step, state, detail, **fields)
+            held[sale_id] = journal.record(base, step, state, detail, if_state=if_state,
+                                           **fields)
         except TransitionRefused as refused:
             if not op[3]:
                 raise
@@ -319,3 +324,33 @@ def test_a_batchs_writes_at_its_end_are_what_one_statement_a_step_wrote(
             super().__init__()
 
     run_state_machine_as_test(Machine, settings=settings(stateful_step_count=12))
+
+
+def test_a_later_step_that_sets_nothing_beside_leaves_what_an_earlier_one_set(
+    tmp_path: Path,
+) -> None:
+    """A step sets the money call's send (``sale_sends``, its deadline's anchor after a
+    restart); a later step of the same batch, written from a record taken before it (its
+    ``if_state`` the state the batch left), sets nothing kept beside the sale. One statement a
+    step writes the send once and keeps it: so must the batch, not the later record's none."""
+    rows = []
+    for journal in (Journal(tmp_path / "agent.db", clock=cast(Any, Ticks())),
+                    OneStatementAStep(tmp_path / "reference.db", clock=cast(Any, Ticks()))):
+        journal.open()
+        try:
+            sale = journal.create(SaleRecord(
+                sale_id="s0", order_id="KA000000", source="virtual:front", flow="charge_card",
+                terminal="SIM-0001", amount_cents=250, state=SaleState.STARTED))
+            with journal.batch():
+                journal.record(sale, Step.CHARGE_CARD_REQUEST, S.CHARGING, sent_at=1.0,
+                               sent_mono=2.0, sent_boot="b")
+                journal.record(sale, Step.DISPENSE_REQUEST, S.DISPENSING, trans_id="T1",
+                               if_state=S.CHARGING)
+            held = journal.get("s0")
+            assert held is not None
+            assert (held.state, held.trans_id, held.sent_at, held.sent_boot) == (
+                S.DISPENSING, "T1", 1.0, "b")
+            rows.append(journal.db.execute("SELECT * FROM sale_sends").fetchall())
+        finally:
+            journal.close()
+    assert rows[0] == rows[1]
