@@ -19,7 +19,7 @@ here):
 - the service: ``POST /api/terminal/{device}/charge-card`` on a kept-alive connection, its 202
   read; ``subscribe`` to the interaction on the one open cable (ActionCable WebSocket), its frames
   read until the record is no longer pending, ``unsubscribe``;
-- the journal: four commits of 19 statements (5, 4, 6, 4) of the agent's shapes on the agent's
+- the journal: four commits of 17 statements (5, 4, 4, 4) of the agent's shapes on the agent's
   own schema, WAL, ``synchronous=FULL``, the WAL grown ahead (the file is made and grown by the
   agent's ``Journal`` once, at the start; each sale then writes through plain sqlite3).
 """
@@ -69,13 +69,9 @@ _ACCEPTED = (
     "UPDATE sales SET interaction_id = ?, interaction_kind = 'charge_card', state = 'charging', "
     "updated_at = ? WHERE sale_id = ? AND state = 'charging'"
 )
-_APPROVED = (
+_APPROVED = (  # with the dispense request (a batch's steps of one sale: one UPDATE)
     "UPDATE sales SET trans_id = ?, authorized_cents = ?, captured_cents = ?, "
-    "state = 'charging', updated_at = ? WHERE sale_id = ? AND state = 'charging'"
-)
-_DISPENSING = (
-    "UPDATE sales SET message = ?, state = 'dispensing', updated_at = ? "
-    "WHERE sale_id = ? AND state = 'charging'"
+    "state = 'dispensing', updated_at = ?, message = ? WHERE sale_id = ? AND state = 'charging'"
 )
 _COMPLETED = (
     "UPDATE sales SET vended_cents = ?, message = ?, finished_at = ?, state = 'completed', "
@@ -161,11 +157,11 @@ class FloorJournal:
     def approved(self, sale_id: str, trans_id: str | None) -> None:
         now = time.time()
         commit(self.db, [
-            (_APPROVED, (trans_id, AMOUNT_CENTS, AMOUNT_CENTS, now, sale_id)),
-            (_INSERT_STEP, (sale_id, now, "charge_card.approved", "charging",
-                            json.dumps({"trans_id": trans_id}))),
-            (_DISPENSING, ("vending up to $2.50", now, sale_id)),
-            (_INSERT_STEP, (sale_id, now, "dispense.request", "dispensing", "{}")),
+            (_APPROVED, (trans_id, AMOUNT_CENTS, AMOUNT_CENTS, now, "vending up to $2.50",
+                         sale_id)),
+            (_INSERT_TWO_STEPS, (sale_id, now, "charge_card.approved", "charging",
+                                 json.dumps({"trans_id": trans_id}),
+                                 sale_id, now, "dispense.request", "dispensing", "{}")),
         ])  # fmt: skip
 
     def completed(self, sale_id: str) -> None:

@@ -286,6 +286,11 @@ class Journal(JournalReads, JournalPrune):
         # a sale created inside the batch, written at its end (or at the journal's next
         # statement): one INSERT of the row in its last state and one of its steps
         self._created: _Created | None = None
+        # steps of a sale on disk taken inside the batch, written at its end (or at the
+        # journal's next statement): one UPDATE of the row and one INSERT of the steps
+        self._updated: _Updated | None = None
+        # the state of each sale this batch wrote, as it wrote it (the batch holds the lock)
+        self._batch_states: dict[str, str] = {}
         # the partial indexes open() left for after ready (build_indexes), by name
         self.indexes_to_build: tuple[str, ...] = ()
         self._fsync_shared = False  # inside fsync_shared(): commits without an fsync of their own
@@ -638,14 +643,16 @@ class Journal(JournalReads, JournalPrune):
     def db(self) -> sqlite3.Connection:
         if self._db is None:
             raise JournalError("the journal is not open")
-        if self._created is not None:  # a statement of the batch's: its new sale is in first
-            self._created_in(self._db)
+        if self._created is not None or self._updated is not None:
+            self._created_in(self._db)  # a statement of the batch's: what it holds is in first
         return self._db
 
     def _created_in(self, db: sqlite3.Connection) -> None:
-        """The sale created in this batch written now: a failing disk fails the batch."""
+        """What this batch holds (a sale created, a sale's steps) written now: a failing disk
+        fails the batch; a sale found moved raises :class:`SaleMoved`."""
         try:
             self._write_created(db)
+            self._write_updated(db)
         except sqlite3.Error as err:
             raise self._write_failed(err) from err
 
@@ -655,8 +662,29 @@ class Journal(JournalReads, JournalPrune):
         if created is None:
             return
         db.execute(_INSERT_SALE, created.row)
+        self._batch_states[created.sale_id] = created.row["state"]
         _write_beside(db, created.sale_id, created.row)
         steps = created.steps
+        db.execute(_insert_steps_sql(len(steps)), [value for row in steps for value in row])
+
+    def _write_updated(self, db: sqlite3.Connection) -> None:
+        """The steps of a sale on disk taken in this batch: the row's changes in one UPDATE,
+        checked against the state the batch's first step found it in (the batch holds the
+        write lock from its BEGIN: nobody else can move it meanwhile), its steps in one INSERT."""
+        updated, self._updated = self._updated, None
+        if updated is None:
+            return
+        values = updated.assignments
+        values["sale_id"], values["was"] = updated.sale_id, updated.was
+        if db.execute(_update_sql(tuple(values)), values).rowcount != 1:
+            row = db.execute(
+                "SELECT state FROM sales WHERE sale_id = ?", (updated.sale_id,)
+            ).fetchone()
+            raise SaleMoved(updated.sale_id, None if row is None else SaleState(row[0]))
+        self._batch_states[updated.sale_id] = updated.state
+        if updated.beside is not None:
+            _write_beside(db, updated.sale_id, updated.beside)
+        steps = updated.steps
         db.execute(_insert_steps_sql(len(steps)), [value for row in steps for value in row])
 
     # -- writes ----------------------------------------------------------------------------------
@@ -668,7 +696,9 @@ class Journal(JournalReads, JournalPrune):
         first (no call, no vend): the last of them is durable before what it announces, and a
         crash before the commit leaves the sale as it was before the first, which recovery
         handles as it always did. Synchronous code only inside (no await): another sale's write
-        must not join the transaction. Any exception rolls every write of the batch back.
+        must not join the transaction. Any exception rolls every write of the batch back. A
+        sale's steps inside are written at its end, one UPDATE and one INSERT a sale
+        (:meth:`_update_in_batch`): a sale moved before the batch raises SaleMoved there.
         """
         return _Batch(self)
 
@@ -779,7 +809,7 @@ class Journal(JournalReads, JournalPrune):
         change the row held instead of updating it on disk: the sale is written once, in its
         last state, with its steps in one statement. Nobody else can write it meanwhile: it is
         on disk from the commit on, as when it was inserted first."""
-        if self._created is not None:  # another sale created in the batch goes in first
+        if self._created is not None or self._updated is not None:  # what it holds: first
             self._created_in(self.db)
         now = self.clock.time()
         sale = replaced(sale, updated_at=now, created_at=now)
@@ -833,6 +863,9 @@ class Journal(JournalReads, JournalPrune):
             row["state"], row["updated_at"] = new_state._value_, now
             created.steps.append(_step_row(sale.sale_id, now, named, new_state, detail))
             return updated
+        if self._batching and step not in REOPENED_AFTER:
+            return self._update_in_batch(sale, updated, step, detail, expected, changed,
+                                         assignments, beside)
         try:
             fsynced = not self._fsync_shared and step not in UNSYNCED_STEPS
             with self._transaction(fsynced=fsynced) as db:
@@ -847,7 +880,56 @@ class Journal(JournalReads, JournalPrune):
                 self._insert_step(db, sale.sale_id, now, named, new_state, detail)
         except sqlite3.Error as err:
             raise self._write_failed(err) from err
+        if self._batching:
+            self._batch_states[sale.sale_id] = new_state._value_
         self._told_written(fsynced=fsynced)
+        return updated
+
+    def _update_in_batch(
+        self,
+        sale: SaleRecord,
+        updated: SaleRecord,
+        step: Step,
+        detail: Mapping[str, Any] | None,
+        expected: SaleState,
+        changed: frozenset[str],
+        assignments: dict[str, Any],
+        beside: bool,
+    ) -> SaleRecord:
+        """A step of a sale on disk inside a batch: checked against the table in memory, held
+        until the batch's end (:meth:`_write_updated`), so that a batch's steps of one sale are
+        one UPDATE and one INSERT, not one each a step. The batch holds the write lock: the
+        sale's state on disk is the one its first step found, checked by that UPDATE at the
+        batch's end (a sale moved before the batch: :class:`SaleMoved` then, the batch rolled
+        back whole); a later step from another state than the one held raises it at once. A
+        step of another sale writes the steps held first (the steps' order is the writes')."""
+        held, created = self._updated, self._created
+        state = self._batch_states.get(sale.sale_id)
+        if held is not None and held.sale_id == sale.sale_id:
+            state = held.state
+        elif created is not None and created.sale_id == sale.sale_id:
+            state = created.row["state"]
+        if state is not None and state != expected._value_:
+            raise SaleMoved(sale.sale_id, SaleState(state))  # as this batch wrote it: moved
+        if held is not None and held.sale_id != sale.sale_id:
+            self._created_in(self.db)
+            held = None
+        new_state = updated.state
+        try:
+            named = check_transition(sale.sale_id, sale.flow, expected, new_state, step, None,
+                                     changed)
+        except TransitionRefused:
+            self._check(self.db, sale, expected, new_state, step, changed)  # moved: says so
+            raise
+        if held is None:
+            if self._created is not None:  # the sale created in the batch goes in first
+                self._created_in(self.db)
+            held = self._updated = _Updated(sale.sale_id, expected._value_)
+        held.assignments.update(assignments)
+        held.state = new_state._value_
+        if beside:  # as one statement a step: only a step that sets them writes them
+            held.beside = updated.row()
+        held.steps.append(_step_row(sale.sale_id, updated.updated_at, named, new_state, detail))
         return updated
 
     def _check_in_memory(
@@ -999,6 +1081,7 @@ class _Batch:
                     db.execute("ROLLBACK")
             raise
         journal._batching = True
+        journal._batch_states.clear()
         if way_taken is not None:
             way_taken.set()
 
@@ -1008,13 +1091,14 @@ class _Batch:
         journal, db = self._journal, self._db
         journal._batching = False
         if exc_type is not None:  # anything raised inside: every write of the batch rolled back
-            journal._created = None
+            journal._created = journal._updated = None
             with contextlib.suppress(sqlite3.Error):
                 db.execute("ROLLBACK")
             return
         try:
-            if journal._created is not None:
+            if journal._created is not None or journal._updated is not None:
                 journal._write_created(db)
+                journal._write_updated(db)
             db.execute("COMMIT")
         except sqlite3.Error as err:
             with contextlib.suppress(sqlite3.Error):
@@ -1040,6 +1124,21 @@ class _Created:
         self.sale_id = sale_id
         self.row = row
         self.steps = steps
+
+
+class _Updated:
+    """A sale on disk's steps taken inside a batch, not written yet: the state it was in
+    (``was``, its UPDATE's check), the row's changes, the row kept beside it (when a step set
+    any of those), its state after them, and its steps' rows (``_step_row``), in order."""
+
+    __slots__ = ("assignments", "beside", "sale_id", "state", "steps", "was")
+
+    def __init__(self, sale_id: str, was: str) -> None:
+        self.sale_id = sale_id
+        self.was = self.state = was
+        self.assignments: dict[str, Any] = {}
+        self.beside: dict[str, Any] | None = None
+        self.steps: list[tuple[Any, ...]] = []
 
 
 class _WriteTransaction:

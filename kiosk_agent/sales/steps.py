@@ -24,7 +24,7 @@ from kiosk_agent.money import format_cents
 from kiosk_agent.sales.answers import WaitingCustomers
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.deadlines import AnswerDeadlines
-from kiosk_agent.sales.journal import HeldStep, Journal, JournalError, SaleRecord
+from kiosk_agent.sales.journal import HeldStep, Journal, JournalError, SaleMoved, SaleRecord
 from kiosk_agent.sales.lost_reads import LostReads
 from kiosk_agent.sales.model import CAPTURED_NOTHING, REFUNDED_NOTHING, Flow, SaleEvent
 from kiosk_agent.sales.settings import SaleSettings
@@ -996,13 +996,18 @@ class _OneCommit:
             steps.publish_event(event)
 
     def _ended(self, err: BaseException) -> None:
-        """Nothing of the batch is on disk: a failed write keeps the sale in memory."""
+        """Nothing of the batch is on disk: a failed write keeps the sale in memory. A sale
+        another writer moved is found at the batch's end (``Journal.batch``), after its steps
+        were taken in memory: the sale is again as the journal last took it (as when its first
+        step raised), theirs to decide, nothing kept to write again."""
         steps = self._steps
         if isinstance(err, JournalError):
             if steps.unwritten is None:
                 steps.unwritten = steps.record  # the commit failed: memory holds every step
                 steps.held = _held_steps(steps._batch or ())
             steps.record = self._before  # what the journal holds: the batch rolled back whole
+        elif isinstance(err, SaleMoved):
+            steps.record = self._before
         steps._held, steps._batch = None, None
 
 

@@ -2076,3 +2076,66 @@ def test_find_names_a_sale_by_any_prefix_of_its_id_wildcards_read_as_themselves(
     with pytest.raises(SaleNotFound, match="no sale"):
         journal.find("*")  # no sale's id begins with a star
     assert journal.with_id_prefix("") == []
+
+
+def test_a_batchs_steps_of_a_sale_on_disk_are_one_update_and_one_insert(
+    journal: Journal,
+) -> None:
+    """The vend window's two later commits (the card read with the authorization's request,
+    the approval with the dispense request) were an UPDATE of the sale and an INSERT per step:
+    now the sale's changes are one UPDATE at the batch's end, checked against the state its
+    first step found, the row kept beside it written once, and its steps one INSERT. What the
+    disk holds after the commit is what the steps one by one wrote."""
+    sale = journal.create(new_sale(1, flow="authorize_capture"))
+    sale = journal.record(sale, Step.READ_CARD_REQUEST, SaleState.READING_CARD)
+    statements: list[str] = []
+    journal.db.set_trace_callback(statements.append)
+    with journal.batch():
+        sale = journal.record(sale, Step.READ_CARD_DONE, card_brand="2", last_four="4242")
+        sale = journal.record(sale, Step.AUTHORIZE_REQUEST, SaleState.AUTHORIZING,
+                              detail={"order_id": "KA000001", "amount_cents": 250},
+                              message="authorizing $2.50", sent_at=1.5, sent_mono=2.5,
+                              sent_boot="b")
+        assert committed_state(journal, "s1") == ("reading_card", 2)  # nothing before the end
+    journal.db.set_trace_callback(None)
+    assert [s.split(" (")[0].split(" SET")[0] for s in statements] == [
+        "BEGIN IMMEDIATE", "UPDATE sales", "INSERT INTO sale_sends", "INSERT INTO steps",
+        "COMMIT"]
+    assert statements[1].endswith("AND state = 'reading_card'")  # the state the batch found
+    assert committed_state(journal, "s1") == ("authorizing", 4)
+    assert journal.get("s1") == sale
+    assert (sale.card_brand, sale.last_four, sale.sent_at, sale.sent_boot) == (
+        "2", "4242", 1.5, "b")
+    assert [(s.step, s.state, s.detail) for s in journal.steps("s1")][2:] == [
+        ("read_card.done", SaleState.READING_CARD, {}),
+        ("authorize.request", SaleState.AUTHORIZING,
+         {"order_id": "KA000001", "amount_cents": 250}),
+    ]
+
+
+def test_a_sale_moved_before_the_batch_fails_it_whole_at_its_end(journal: Journal) -> None:
+    """The batch holds the write lock from its BEGIN, so a sale it did not write can only have
+    moved before it: found by its UPDATE at the end, SaleMoved then, and nothing of the batch
+    written (another sale's steps in it neither). A step from another state than the batch
+    itself left the sale in is refused at once."""
+    first = journal.create(new_sale(1))
+    stale = journal.create(new_sale(2))
+    journal.record(stale, Step.CHARGE_CARD_REQUEST, SaleState.CHARGING)  # moved on
+
+    def both() -> None:
+        with journal.batch():
+            journal.record(first, Step.CHARGE_CARD_REQUEST, SaleState.CHARGING)
+            journal.record(stale, Step.CHARGE_CARD_REQUEST, SaleState.CHARGING)  # held: no read
+
+    with pytest.raises(SaleMoved, match="s2 is charging now"):
+        both()
+    assert committed_state(journal, "s1") == ("started", 1)
+    assert committed_state(journal, "s2") == ("charging", 2)
+    sale = journal.get("s1")
+    assert sale is not None
+    with journal.batch():
+        moved = journal.record(sale, Step.CHARGE_CARD_REQUEST, SaleState.CHARGING)
+        with pytest.raises(SaleMoved, match="s1 is charging now"):
+            journal.record(sale, Step.CHARGE_CARD_REQUEST, SaleState.CHARGING)
+        journal.record(moved, Step.CHARGE_CARD_ACCEPTED, interaction_id="I1")
+    assert committed_state(journal, "s1") == ("charging", 3)
