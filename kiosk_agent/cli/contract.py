@@ -72,8 +72,8 @@ EXIT_CODES: dict[int, str] = {
     "file",
     EXIT_AUTH: "the service refused the credentials",
     EXIT_UNREACHABLE: "the service could not be reached or did not answer within --timeout",
-    EXIT_JOURNAL_OWNED: "`run`: another agent owns the journal; this one touched nothing "
-    "(the systemd unit does not restart on it)",
+    EXIT_JOURNAL_OWNED: "`run` and `demo`: another agent owns the journal; this one touched "
+    "nothing (the systemd unit does not restart on it)",
     EXIT_HANGUP: "stopped by SIGHUP (its terminal closed: a dropped SSH session); `run` "
     "finished or parked its running sale first",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C, SIGINT); `run` finished or parked its running sale "

@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from kiosk_agent.cli.contract import (
+    EXIT_FAILED,
+    EXIT_JOURNAL_OWNED,
     EXIT_OK,
     EXIT_USAGE,
     CliError,
@@ -348,8 +350,17 @@ def demo_journal(config: Any) -> Path:
                 for part in (path, *side_files(path), marker_path(path)):
                     part.unlink(missing_ok=True)
         except JournalError as err:  # another demo (or agent) is using it: say who
-            raise CliError(str(err)) from None
+            raise _journal_refused(err) from None
     return path
+
+
+def _journal_refused(err: Exception) -> CliError:
+    """A journal the demo cannot have, said as `run` says it (no "unexpected" error): another
+    demo or agent owns it, exit 5, naming who (the exit codes' one table); a read-only disk or
+    a bad path, exit 1."""
+    from kiosk_agent.sales.owner import JournalOwned
+
+    return CliError(str(err), EXIT_JOURNAL_OWNED if isinstance(err, JournalOwned) else EXIT_FAILED)
 
 
 def _journal_hint(config: Any) -> str:
@@ -418,6 +429,7 @@ async def _run(config: Any, args: argparse.Namespace, page_token: str | None = N
     from kiosk_agent.app import agent_for
     from kiosk_agent.cli.embedded import embedded_simulator, simulated_machines
     from kiosk_agent.platforms.virtual import VirtualPlatform
+    from kiosk_agent.sales.journal import JournalError
     from kiosk_agent.sim.machine import VirtualController
 
     view = LiveView(sys.stdout, fancy=is_tty(sys.stdout) and not args.plain,
@@ -454,6 +466,8 @@ async def _run(config: Any, args: argparse.Namespace, page_token: str | None = N
                 # A sale under way now is finished or given back: show how, not a bare "told no".
                 view.note("stopping: a sale under way is finished or its money given back")
                 await _show_until_done(agent.stop(), queue, view)
+    except JournalError as err:  # a configuration of one's own: its journal is claimed here
+        raise _journal_refused(err) from None
     finally:
         signals.remove()
         if admin_file is not None:

@@ -509,3 +509,67 @@ def test_health_does_not_follow_a_link_in_place_of_the_demos_file(
     shown = capsys.readouterr()
     assert "not trusted" in shown.out + shown.err
     assert "t0ken-s3cret" not in shown.out + shown.err
+
+
+async def test_a_second_demo_beside_a_running_one_is_refused_as_run_is(demo_home: Path) -> None:
+    """A newcomer starts the demo again in another terminal while the first runs: refused at
+    once, naming the running demo, with `run`'s exit code for a journal another agent owns (5,
+    the exit codes' one table; before: 1), and the running demo's journal and admin file left
+    as they were."""
+    out, err = demo_home / "demo.out", demo_home / "demo.err"
+    proc = await _start_demo("--speed", "5", out=out, err=err)
+    admin_file = _demo_admin_file(demo_home)
+    try:
+        await until(lambda: "status page: " in _said(out), 30)
+        await until(lambda: " completed" in _said(out) or "captured" in _said(out), 30)
+        journal = admin_file.with_name("demo-journal.db")
+        inode = journal.stat().st_ino
+        code, said, complaint = await _demo("--sales", "1", home=demo_home)
+        assert code == 5, complaint
+        assert f"is owned by another agent (pid {proc.pid}," in complaint
+        assert "only one agent may run on a journal" in complaint
+        assert "unexpected" not in complaint
+        assert said == ""  # nothing of a demo was started
+        assert journal.stat().st_ino == inode  # not made anew under the running demo
+        assert admin_file.exists()
+        os.kill(proc.pid, signal.SIGINT)
+        async with asyncio.timeout(30):
+            assert await proc.wait() == 0, err.read_text()
+    finally:
+        if proc.returncode is None:
+            os.kill(proc.pid, signal.SIGKILL)
+
+
+def test_a_demo_on_a_journal_of_its_own_that_it_cannot_have_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A demo with a configuration of one's own claims its journal as the agent starts: another
+    agent holding it was "unexpected JournalOwned ... (please report this)", exit 1; a journal
+    it cannot make was the same. Now `run`'s words and codes: 5 naming the holder, and 1 with
+    the reason. In this process: the demo never starts."""
+    from kiosk_agent.sales.owner import JournalLock
+
+    journal = tmp_path / "own" / "journal.db"
+    own = tmp_path / "demo.yaml"
+    own.write_text(re.sub(r"(?m)^(\s*path:).*demo-journal\.db.*$", rf"\1 {journal}",
+                          DEMO_CONFIG.read_text()))  # fmt: skip
+    assert str(journal) in own.read_text()
+    other = JournalLock(journal)  # another agent's claim: this process's, on its own descriptor
+    other.acquire()
+    try:
+        assert main(["demo", "--config", str(own), "--sales", "1"]) == 5
+    finally:
+        other.release()
+    said = capsys.readouterr().err
+    assert f"the journal {journal} is owned by another agent (pid {os.getpid()}," in said
+    assert "unexpected" not in said
+    assert "please report" not in said
+    assert not journal.exists()  # touched nothing
+
+    (tmp_path / "a-file").write_text("")
+    own.write_text(own.read_text().replace(str(journal), str(tmp_path / "a-file" / "j.db")))
+    assert main(["demo", "--config", str(own), "--sales", "1"]) == 1
+    said = capsys.readouterr().err
+    assert "cannot claim the journal" in said
+    assert "unexpected" not in said
+    assert "please report" not in said

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from kiosk_agent.cli.sim import settings_from_ready
+from kiosk_agent.service.cable import InteractionHandle
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.models import InteractionStatus
 from kiosk_agent.service.settings import ServiceSettings
@@ -36,10 +37,15 @@ def hold_card(sim: SimServer, interaction_id: str) -> Callable[[], None]:
     return sim.ctx.terminals.hold_card(interaction_id)
 
 
-async def wait_for_socket(sim: SimServer) -> None:
+async def wait_for_socket(sim: SimServer, *handles: InteractionHandle) -> None:
+    """The server holds a cable and each of ``handles`` waits on it (subscribed). The server
+    counts a socket as soon as its handshake is done, before its client has read the welcome
+    and subscribed: a drop in between is met by the waits before they are on the socket (a
+    failure, then their first socket, not their second), which a busy machine made happen
+    (a whole suite at load 12-14: a 30 s hang for `socket_connects == 2`)."""
     assert sim.app is not None
     connections = sim.app[CABLE_KEY].connections
-    await until(lambda: connections)
+    await until(lambda: connections and all(h.socket_connects >= 1 for h in handles))
 
 
 async def test_wait_follows_the_websocket(service: ServiceClient) -> None:
@@ -57,7 +63,7 @@ async def test_socket_dropped_mid_wait_reconnects(sim_factory: Any) -> None:
         handle = await svc.terminal.charge_card(READER, 1000)
         present_card = hold_card(sim, handle.interaction_id)  # after the drop
         waiting = asyncio.create_task(handle.wait(timeout=10))
-        await wait_for_socket(sim)
+        await wait_for_socket(sim, handle)
         assert drop_sockets(sim, reconnect=True) == 1
         await until(lambda: handle.socket_connects == 2)
         present_card()
@@ -76,7 +82,7 @@ async def test_disconnect_without_reconnect_falls_back_to_polling(sim_factory: A
         # the card comes after the drop, however long the socket took to open (a busy machine)
         present_card = hold_card(sim, handle.interaction_id)
         waiting = asyncio.create_task(handle.wait(timeout=10))
-        await wait_for_socket(sim)
+        await wait_for_socket(sim, handle)
         drop_sockets(sim, reconnect=False)
         await until(lambda: handle.polls >= 1)
         present_card()

@@ -23,7 +23,7 @@ from kiosk_agent.sim.server import SimServer
 
 from ..helpers import holding_cards, until
 from .scripted_server import ScriptedServer, json_reply
-from .test_cable import drop_sockets, sim_call
+from .test_cable import drop_sockets, sim_call, wait_for_socket
 from .test_cable_scripted import ACCEPTED, CHARGED, START, STATUS
 
 READERS = ("SIM-0002", "SIM-0003")
@@ -73,7 +73,9 @@ async def test_a_drop_under_two_waits_reopens_one_socket_for_both(
     async with ServiceClient(settings_from_ready(sim.ready_info())) as svc:
         handles = [await svc.terminal.charge_card(reader, 1000) for reader in READERS]
         waits = [asyncio.create_task(handle.wait(timeout=60)) for handle in handles]
-        await until(lambda: cable_connections(sim) == 1)
+        # both on the one socket before it drops (wait_for_socket says why)
+        await wait_for_socket(sim, *handles)
+        assert cable_connections(sim) == 1
         assert drop_sockets(sim, reconnect=True) == 1
         await until(lambda: all(h.socket_connects == 2 for h in handles))
         for handle in handles:
