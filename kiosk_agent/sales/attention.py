@@ -25,7 +25,7 @@ from kiosk_agent.data_class import data_class
 from kiosk_agent.money import format_cents
 from kiosk_agent.sales.clock import Anchor, Clock, elapsed_at_least
 from kiosk_agent.sales.journal import Journal, JournalError, SaleMoved, SaleRecord
-from kiosk_agent.sales.model import REFUNDED_NOTHING, Flow, SaleEvent
+from kiosk_agent.sales.model import REFUNDED_NOTHING, REST_REFUSED, Flow, SaleEvent
 from kiosk_agent.sales.settings import ATTENTION_RECHECK
 from kiosk_agent.sales.states import NO_CHARGE_STEPS, SaleState, Step
 from kiosk_agent.sales.steps import (
@@ -245,6 +245,8 @@ class AttentionSweeper:
         lookup = await steps.reconciler.transaction_state(trans_id)
         if not lookup.known or not self._still_attention(steps):
             return None
+        if REST_REFUSED in record.message:
+            return None  # the service refused the rest the agent named: a person decides
         if lookup.reversed:
             refunded = lookup.refunded
             if refunded and lookup.amount_cents == 0 and REFUNDED_NOTHING in record.message:

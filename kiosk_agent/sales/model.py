@@ -237,6 +237,10 @@ CAPTURED_NOTHING = "reporting shows $0.00 captured"
 # writes them after the trans id; :func:`money_text` reads them): the money may still be held,
 # or may be back, and the sale says "may be", not "held".
 REFUNDED_NOTHING = "refunded for $0.00"
+# The words of a sale whose named give-back of the rest of a charge partly refunded before the
+# service refused (steps' ``_rest_refused`` writes them; the attention sweep reads them): what
+# is left is a person's to decide, and no sweep moves money on it again.
+REST_REFUSED = "the service refused the agent's refund of"
 
 
 def money_text(sale: SaleMoney) -> str:

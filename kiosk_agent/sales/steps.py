@@ -26,7 +26,13 @@ from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.deadlines import AnswerDeadlines
 from kiosk_agent.sales.journal import HeldStep, Journal, JournalError, SaleMoved, SaleRecord
 from kiosk_agent.sales.lost_reads import LostReads
-from kiosk_agent.sales.model import CAPTURED_NOTHING, REFUNDED_NOTHING, Flow, SaleEvent
+from kiosk_agent.sales.model import (
+    CAPTURED_NOTHING,
+    REFUNDED_NOTHING,
+    REST_REFUSED,
+    Flow,
+    SaleEvent,
+)
 from kiosk_agent.sales.settings import SaleSettings
 from kiosk_agent.sales.states import REQUEST_STEPS, ReportingSteps, SaleState, Step
 from kiosk_agent.sales.unit import OwnUnit
@@ -610,12 +616,20 @@ class SaleSteps:
                 f"({RESOLVE})",
             )  # fmt: skip
         self.require_own()
-        self.step(Step.REVERSE_REQUEST, SaleState.REVERSING, why, detail={"trans_id": trans_id})
+        rest = self._rest_to_name()
+        detail: dict[str, Any] = {"trans_id": trans_id}
+        if rest is not None:
+            detail["amount_cents"] = rest
+        self.step(Step.REVERSE_REQUEST, SaleState.REVERSING, why, detail=detail)
         for attempt in (1, 2):
             try:
-                result = await self.service.payments.void_or_refund(trans_id)
+                result = await self.service.payments.void_or_refund(trans_id, rest)
             except _REVERSE_UNCLEAR as err:
                 lookup = await self.reconciler.transaction_state(trans_id)
+                if rest is not None and isinstance(err, BadRequestError):
+                    refused = self._rest_refused(why, trans_id, rest, err, lookup, attempt)
+                    if refused is not None:
+                        return refused
                 if lookup.reversed:
                     return self.given_back_found(Step.REVERSE_DONE, Step.REVERSE_FAILED, why,
                                                  lookup, sent=True)
@@ -632,6 +646,57 @@ class SaleSteps:
                 return self._reversed(why, result.trans_id, result.amount, voided=result.voided)
             return await self._give_back_unclear(why, trans_id, result)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _rest_to_name(self) -> int | None:
+        """The amount the give-back names: the rest of a charge partly refunded before (the
+        interface leaves a missing amount after a partial refund unsaid; a service reading it
+        as the original would refund more than the rest, or refuse). None for a charge nothing
+        was given back of: the call gives back its whole, a void the whole hold, as proven."""
+        if self.record.reversed_cents <= 0:
+            return None
+        return self._held_cents or None
+
+    def _rest_refused(
+        self, why: str, trans_id: str, rest: int, err: ServiceError, lookup: TransactionLookup,
+        attempt: int,
+    ) -> SaleEvent | None:
+        """A 400 to the give-back naming the rest: the service would not give back that much
+        (a person refunded meanwhile, say). Nothing more moves; a person decides, told what the
+        agent asked and what reporting shows, in amounts. Reporting showing the charge given
+        back whole, where an earlier give-back of the agent's may have made it (a second try,
+        or one sent before a restart), is read as any give-back found (None), and so is a
+        reporting that cannot say: only a charge still partly refunded proves none of the
+        agent's was made (one made gave back all that was left)."""
+        if (attempt > 1 or self._sent_before()) and not (
+                lookup.partly_refunded and lookup.refunds_cents):
+            return None
+        charge = self.record.captured_cents or self.record.authorized_cents
+        before = self.record.reversed_cents
+        asked = (f"{REST_REFUSED} {format_cents(rest)}, the rest of the {format_cents(charge)} "
+                 f"charge {trans_id} after {format_cents(before)} refunded before "
+                 f"({give_back_failed(err)})")
+        refunds = lookup.refunds_cents
+        each = ", ".join(format_cents(c) for c in refunds)
+        if lookup.reversed:
+            found = (f"reporting shows it {'refunded' if lookup.refunded else 'voided'}"
+                     + (f" by refunds of {each}, none of them the agent's" if refunds else ""))
+        elif lookup.partly_refunded and refunds and lookup.amount_cents:
+            found = (f"reporting shows {format_cents(sum(refunds))} of it refunded in all "
+                     f"({each}), {format_cents(max(0, lookup.amount_cents - sum(refunds)))} "
+                     "left on it")
+        else:
+            found = "reporting does not say what it holds now"
+        return self.finish(
+            SaleState.ATTENTION, Step.REVERSE_FAILED,
+            f"{why}; {asked}; {found}: the agent moves no more money on it; a person decides "
+            f"({RESOLVE})",
+        )
+
+    def _sent_before(self) -> bool:
+        """Whether the sale's journal holds a give-back sent before this one's."""
+        sent = [s for s in self.journal.steps(self.record.sale_id)
+                if s.step == Step.REVERSE_REQUEST]
+        return len(sent) > 1
 
     def _gave_back_all(self, result: VoidOrRefundResult, trans_id: str) -> bool:
         """Whether a 200 to the void says what was asked: approved, the whole hold given back,

@@ -40,6 +40,21 @@ def _given_back(found: list[Any], trans_id: str) -> Decimal:
                Decimal("0"))
 
 
+def asked_amounts(sim: Any) -> list[int | None]:
+    """The ``amount`` each void-or-refund the simulator is sent from now on carries in its
+    body, as the simulator read it (None: none named)."""
+    asked: list[int | None] = []
+    payments = sim.ctx.payments
+    real = payments.void_or_refund
+
+    def recording(mid: str, trans_id: str, amount: int | None, user: str) -> Any:
+        asked.append(amount)
+        return real(mid, trans_id, amount, user)
+
+    payments.void_or_refund = recording
+    return asked
+
+
 async def test_a_crash_after_the_rest_was_refunded_journals_the_charge_given_back_once(
     agent_factory: Any, sim_factory: Any, tmp_path: Path
 ) -> None:
@@ -81,9 +96,11 @@ async def test_a_crash_before_the_rest_was_refunded_gives_back_the_rest_only(
         assert (await service.payments.void_or_refund(trans_id, amount=100)).refunded
     leave_open(tmp_path, state=SaleState.REVERSING, trans_id=trans_id, authorized_cents=300,
                captured_cents=300, reversed_cents=100, message="a charge found, not vended")
+    asked = asked_amounts(sim)
     agent = await agent_factory(sim=sim)
     [event] = await asyncio.wait_for(agent.recovery.wait(), WAIT_S)
     assert event.state is SaleState.REVERSED, event.message
+    assert asked == [200]  # the rest, named: not left to the service's reading of none
     found = await rows(agent.service, "KACRASHED1")
     refunds = sorted(r.amount for r in found if r.status is TransStatus.REFUND)
     assert refunds == [Decimal("1.00"), Decimal("2.00")]
@@ -326,24 +343,20 @@ async def test_a_charge_in_an_unknown_status_leaves_the_sale_words_a_person_can_
     assert row.trans_status_id == 42  # nothing asked of the service
 
 
-@pytest.mark.parametrize(("first", "agents", "persons"), [(100, "$1.50", "$1.50"),
-                                                           (0, "$2.50", "$0.50")])
-async def test_a_person_refunding_while_the_agent_gives_back_the_rest_is_told_in_amounts(
-    agent_factory: Any, sim_factory: Any, tmp_path: Path, first: int, agents: str, persons: str
+async def test_a_person_refunding_while_the_agent_gives_back_the_whole_is_told_in_amounts(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path
 ) -> None:
-    """$1.00 of the $3.00 charge refunded when the agent looked; while its give-back of the
-    $2.00 rest is on its way, a person refunds $0.50 more, and the service gives the agent's
-    the $1.50 it has left. The answer (less than asked) is checked in reporting: the charge is
-    refunded, and its rows say the agent gave back $1.50, a person $1.50 before it. The sale says
-    those amounts, reversed 300 in all. Before, it said "$2.00 refunded", "$1.00 of it had been
-    refunded before": the journal's figures at the look, not the service's. The same with
-    nothing refunded when it looked: "$3.00 refunded" where it gave back $2.50."""
+    """Nothing of the $3.00 charge refunded when the agent looked: its give-back names no
+    amount (the whole, as proven). While it is on its way a person refunds $0.50, and the
+    service gives the agent's the $2.50 it has left. The answer (less than asked) is checked in
+    reporting: its rows say the agent gave back $2.50, a person $0.50 before it; reversed 300 in
+    all. Before, it said "$3.00 refunded" where it gave back $2.50."""
+    agents, persons = "$2.50", "$0.50"
     sim = await sim_factory(time_scale=300, transactions=0)
     agent = await attention_sale(agent_factory, sim, tmp_path)
     trans_id = await authorize(agent.service, "KACRASHED1", capture=True)
     sim.ctx.ledger.update(trans_id, trans_status_id=TransStatus.SETTLED)
-    if first:
-        assert (await agent.service.payments.void_or_refund(trans_id, amount=first)).refunded
+    asked = asked_amounts(sim)
     await sim_call(sim, "POST", "/sim/faults", {
         "path": "/api/v1/void-or-refund", "fault": "delay", "delay_s": 1.0, "count": 1})
     sweep = asyncio.ensure_future(agent.attention.sweep())
@@ -353,6 +366,7 @@ async def test_a_person_refunding_while_the_agent_gives_back_the_rest_is_told_in
     persons_refund = await agent.service.payments.void_or_refund(trans_id, amount=50)
     [event] = await asyncio.wait_for(sweep, 30)
     assert event.state is SaleState.REVERSED, event.message
+    assert asked == [50, None]  # the person's, then the agent's (delayed): none named, the whole
     found = await rows(agent.service, "KACRASHED1")
     [own] = [r for r in found if r.related_trans_id == trans_id
              and r.amount == Decimal(agents[1:]) and r.trans_id != persons_refund.trans_id]
@@ -362,6 +376,55 @@ async def test_a_person_refunding_while_the_agent_gives_back_the_rest_is_told_in
     assert record.reverse_trans_id == own.trans_id
     assert f"{agents} refunded" in record.message, record.message
     assert f"{persons} of it had been refunded before" in record.message, record.message
+
+
+@pytest.mark.parametrize(("persons", "found"), [
+    (50, "reporting shows $1.50 of it refunded in all ($1.00, $0.50), $1.50 left on it"),
+    (200, "reporting shows it refunded by refunds of $1.00, $2.00, none of them the agent's"),
+])
+async def test_a_person_refunding_while_the_agent_names_the_rest_ends_with_a_person(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path, persons: int, found: str
+) -> None:
+    """$1.00 of the $3.00 charge refunded when the agent looked; its give-back names the $2.00
+    rest, and while it is on its way a person refunds $0.50 more (or the whole $2.00 rest). The
+    service refuses the agent's $2.00 (400: above what is left): the agent moves nothing more,
+    and the sale goes to a person saying what it asked and what reporting shows, in amounts;
+    later sweeps move nothing either. Before, the give-back named no amount, the simulator
+    refunded whatever was left and the sale ended given back: a service reading a missing
+    amount as the original would have refunded more than the rest, or refused."""
+    sim = await sim_factory(time_scale=300, transactions=0)
+    async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
+        trans_id = await authorize(service, "KACRASHED1", capture=True)
+        sim.ctx.ledger.update(trans_id, trans_status_id=TransStatus.SETTLED)
+        first = await service.payments.void_or_refund(trans_id, amount=100)
+    leave_open(tmp_path, state=SaleState.ATTENTION, trans_id=trans_id, authorized_cents=300,
+               captured_cents=300, reversed_cents=100,
+               message="dispense failed; the give-back failed: the agent tries again")
+    agent = await agent_factory(sim=sim)
+    asked = asked_amounts(sim)
+    await sim_call(sim, "POST", "/sim/faults", {
+        "path": "/api/v1/void-or-refund", "fault": "delay", "delay_s": 1.0, "count": 1})
+    sweep = asyncio.ensure_future(agent.attention.sweep())
+    async with asyncio.timeout(30):
+        while not (await sim_call(sim, "GET", "/sim/faults"))["faults"][0]["hits"]:
+            await asyncio.sleep(0.01)
+    persons_refund = await agent.service.payments.void_or_refund(trans_id, amount=persons)
+    assert await asyncio.wait_for(sweep, 30) == []
+    assert asked == [persons, 200]  # the person's, then the agent's naming the rest
+    for _ in range(2):
+        assert await agent.attention.sweep() == []
+    assert asked == [persons, 200]  # no later sweep asked again
+    record = agent.journal.get("crashed1")
+    assert record is not None
+    assert record.state is SaleState.ATTENTION
+    assert (record.captured_cents, record.reversed_cents) == (300, 100), record.message
+    assert (f"the service refused the agent's refund of $2.00, the rest of the $3.00 charge "
+            f"{trans_id} after $1.00 refunded before") in record.message, record.message
+    assert found in record.message, record.message
+    assert "a person decides" in record.message
+    rows_now = await rows(agent.service, "KACRASHED1")
+    assert sorted(r.trans_id for r in rows_now if r.related_trans_id == trans_id) == sorted(
+        [first.trans_id, persons_refund.trans_id])  # nothing given back by the agent
 
 
 async def test_a_sale_left_holding_money_whose_charge_a_person_partly_refunded_gets_the_rest(
@@ -382,8 +445,10 @@ async def test_a_sale_left_holding_money_whose_charge_a_person_partly_refunded_g
                captured_cents=300, message="dispense failed; the give-back failed: $3.00 is "
                "still held: the agent tries again")
     agent = await agent_factory(sim=sim)
+    asked = asked_amounts(sim)
     [event] = await agent.attention.sweep()
     assert event.state is SaleState.REVERSED, event.message
+    assert asked == [200]  # the rest, named
     found = await rows(agent.service, "KACRASHED1")
     [own] = [r for r in found if r.related_trans_id == trans_id
              and r.trans_id != persons.trans_id]
@@ -419,16 +484,19 @@ async def test_a_dispensed_sale_whose_charge_a_person_partly_refunded_is_left_to
 @settings(max_examples=int(os.environ.get("PARTLY_REFUNDED_EXAMPLES", "25")),
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(cents=_APPROVED, refunds=st.lists(st.integers(1, 2_500), min_size=1, max_size=3),
-       made=st.booleans(), voided=st.booleans())
+       made=st.booleans(), voided=st.booleans(), later=st.integers(0, 99))
 async def test_a_crash_between_the_give_back_step_and_its_answer_gives_back_the_rest_once(
-    cents: int, refunds: list[int], made: bool, voided: bool, agent_factory: Any,
+    cents: int, refunds: list[int], made: bool, voided: bool, later: int, agent_factory: Any,
     sim_factory: Any, tmp_path: Path,
 ) -> None:
     """Crashed with the charge journaled partly refunded (what a person's refunds gave back
     before) and its give-back's step written: the agent's refund of the rest made or not, or
     reporting showing the charge voided after the partial refunds. Recovery ends the sale given
     back, the rest given back once (never a second refund, never above the charge), and the
-    journal holds the charge and all of it given back."""
+    journal holds the charge and all of it given back. A person who refunded part of the rest
+    while the agent was down (``later`` percent, the give-back not made) leaves less than the agent
+    names: the service refuses it, nothing more moves and the sale is a person's, its journal
+    no more given back than before."""
     sim = await sim_factory(time_scale=300, transactions=0)
     person: list[int] = []
     async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
@@ -443,13 +511,33 @@ async def test_a_crash_between_the_give_back_step_and_its_answer_gives_back_the_
             assert (await service.payments.void_or_refund(trans_id)).amount == cents - before
         if voided and before and not made:
             sim.ctx.ledger.update(trans_id, trans_status_id=TransStatus.VOIDED)
+        # a person's refund while the agent was down: ``later`` percent of what is left
+        later = (cents - before) * later // 100
+        late = bool(before and not made and not voided and later)
+        if late:
+            await service.payments.void_or_refund(trans_id, amount=later)
     directory = tmp_path / uuid.uuid4().hex
     directory.mkdir()
     leave_open(directory, state=SaleState.REVERSING, trans_id=trans_id, authorized_cents=cents,
                captured_cents=cents, reversed_cents=before, message="a charge found, not vended")
+    asked = asked_amounts(sim)
     agent = await agent_factory(sim=sim, directory=directory)
     try:
         [ended] = await asyncio.wait_for(agent.recovery.wait(), WAIT_S)
+        event("a person refunded meanwhile" if late else "no refund meanwhile")
+        if before and not made and not voided:
+            assert asked == [cents - before]  # the rest the journal holds, named, once
+        if late:
+            assert ended.state is SaleState.ATTENTION, ended.message
+            found = await rows(agent.service, "KACRASHED1")
+            given = [r.amount_cents for r in found if r.related_trans_id == trans_id]
+            assert sum(given) == before + later  # the agent's refused: nothing more moved
+            record = agent.journal.get("crashed1")
+            assert record is not None
+            assert (record.captured_cents, record.reversed_cents) == (cents, before)
+            assert (f"refund of {format_cents(cents - before)}, the rest of the "
+                    f"{format_cents(cents)} charge") in record.message, record.message
+            return
         assert ended.state is SaleState.REVERSED, ended.message
         found = await rows(agent.service, "KACRASHED1")
         given = [r.amount_cents for r in found if r.related_trans_id == trans_id]

@@ -129,6 +129,35 @@ async def test_refunds_after_settlement_partial_then_full(api: Api, sim: Any) ->
     assert (status, body["error"]) == (400, "already_refunded")
 
 
+async def test_a_refund_naming_more_than_is_left_after_a_partial_one_is_refused(
+    api: Api, sim: Any
+) -> None:
+    """After a partial refund, a refund naming more than is left (though not more than the
+    original) gives 400 and moves nothing; one naming exactly what is left refunds it, and the
+    charge reads refunded: what the agent's give-back of the rest relies on."""
+    sale = await api.charge(1000, order_id="refund-rest")
+    await api.post("/sim/settle")
+    status, partial = await api.post(
+        "/api/v1/void-or-refund", {"trans_id": sale["trans_id"], "amount": 300}
+    )
+    assert (status, partial["amount"]) == (200, 300)
+    status, body = await api.post(
+        "/api/v1/void-or-refund", {"trans_id": sale["trans_id"], "amount": 701}
+    )
+    assert (status, body["error"]) == (400, "amount_exceeds")
+    row = sim.ctx.ledger.get(sale["trans_id"])
+    assert (row["trans_status_id"], row["refunded_cents"]) == (8, 300)  # nothing moved
+    status, rest = await api.post(
+        "/api/v1/void-or-refund", {"trans_id": sale["trans_id"], "amount": 700}
+    )
+    assert (status, rest["resp_text"], rest["amount"]) == (200, "Refunded", 700)
+    assert sim.ctx.ledger.get(sale["trans_id"])["trans_status_id"] == 9
+    status, body = await api.post(
+        "/api/v1/void-or-refund", {"trans_id": sale["trans_id"], "amount": 1}
+    )
+    assert (status, body["error"]) == (400, "already_refunded")
+
+
 async def test_declines_cannot_be_reversed(api: Api) -> None:
     declined = await api.charge(1002)
     status, body = await api.post("/api/v1/void-or-refund", {"trans_id": declined["trans_id"]})
