@@ -7,12 +7,14 @@ with the entity code's own formatting."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from kiosk_agent.sales.journal import Journal, SaleRecord
@@ -174,3 +176,83 @@ async def test_home_assistant_reads_the_journals_attention_and_late_vends(
     finally:
         await observer.stop()
         await home_assistant.stop()
+
+
+KIOSK_TOKEN = "kiosk-app-token-0123456789"
+
+
+async def _post(port: int, path: str, body: Any) -> tuple[int, Any]:
+    """The touchscreen app's call to the agent's kiosk API."""
+    async with aiohttp.ClientSession() as session, session.post(
+        f"http://127.0.0.1:{port}/api/v1{path}", json=body,
+        headers={"Authorization": f"Bearer {KIOSK_TOKEN}"},
+    ) as answer:
+        return answer.status, await answer.json()
+
+
+@pytest.mark.mqtt
+async def test_home_assistant_sees_recovery_listen_and_stop(
+    mosquitto: int, tmp_path: Path, sim_settings: Any
+) -> None:
+    """A first agent stops while the app dispenses a $1.75 tea (the sale parked dispensing).
+    The next one's recovery listens for the app's result: Home Assistant sees the unit online
+    (never unavailable while it listens), the Problem on with recovery's words naming the
+    journal's sale and terminal; the app says "vended", the sale is captured, and the problem
+    goes with the next report."""
+    trigger = {"platform": "kiosk_api", "name": "screen", "token": "!secret kiosk_token",
+               "port": 0, "products": {"tea": "1.75"}, "confirm_dispense": True,
+               "vend_timeout": 30}
+    secrets = {"kiosk_token": KIOSK_TOKEN}
+    async with running_agent(tmp_path, sim_settings, [trigger], secrets=secrets) as first:
+        status, started = await _post(first.platforms[0].port, "/sales", {"product": "tea"})
+        assert status == 202, started
+        sale_id = started["sale_id"]
+
+        def dispensing() -> bool:
+            record = first.journal.get(sale_id)
+            return record is not None and record.state is SaleState.DISPENSING
+
+        await until(dispensing)
+        await first.sales.stop(grace=0.05)  # parked where it stands
+    db = sqlite3.connect(tmp_path / "journal.db")
+    [(state, terminal)] = db.execute(
+        "SELECT state, terminal FROM sales WHERE sale_id = ?", (sale_id,)).fetchall()
+    db.close()
+    assert state == "dispensing"
+
+    observer = Observer(mosquitto)
+    availability = f"kiosk-agent/{UNIT}/availability"
+    await observer.start(STATE, availability)
+    upstream = {"device_id": UNIT, "interval": 3600, "start_grace": 0.05,
+                "mqtt": {"host": "127.0.0.1", "port": mosquitto}}
+    listening = "recovery listens for the vend result a restart left in flight"
+    try:
+        async with running_agent(tmp_path, sim_settings, [trigger], secrets=secrets,
+                                 sections={"upstream": upstream}) as second:
+            def problems() -> list[str]:
+                reports = observer.on(STATE)
+                return json.loads(reports[-1])["problems"] if reports else []
+
+            await until(lambda: any(listening in p for p in problems()))
+            assert second.recovery.state == "running"  # still listening, as HA shows it
+            report = json.loads(observer.on(STATE)[-1])
+            [said] = [p for p in report["problems"] if listening in p]
+            assert f"sale {sale_id[:8]} on terminal {terminal} for " in said, said
+            assert report["status"] == "degraded", report["status"]
+            assert observer.on(availability)[-1] == "online"  # listening is not unavailable
+
+            status, _ = await _post(second.platforms[0].port, f"/sales/{sale_id}/dispensed",
+                                    {"status": "vended"})
+            assert status == 202
+            await asyncio.wait_for(second.recovery.wait(), 30)
+            await until(lambda: not any(listening in p for p in problems()))
+            db = sqlite3.connect(tmp_path / "journal.db")
+            [(state, captured)] = db.execute(
+                "SELECT state, captured_cents FROM sales WHERE sale_id = ?",
+                (sale_id,)).fetchall()
+            db.close()
+            assert (state, Decimal(captured) / 100) == ("completed", Decimal("1.75"))
+            assert observer.on(availability)[-1] == "online"
+            assert json.loads(observer.on(STATE)[-1])["status"] == "ok"
+    finally:
+        await observer.stop()
