@@ -256,3 +256,30 @@ async def test_home_assistant_sees_recovery_listen_and_stop(
             assert json.loads(observer.on(STATE)[-1])["status"] == "ok"
     finally:
         await observer.stop()
+
+
+def test_the_attention_amount_follows_the_sales_events_as_they_end() -> None:
+    """Live (no restart): a sale that ends in attention adds its price, one resolved from
+    attention takes it away, one that ends otherwise never counts; the figure is the one the
+    heartbeat carries (build_report), not one of its own."""
+    from kiosk_agent.fleet.report import build_report
+    from kiosk_agent.health.model import Health
+    from kiosk_agent.sales.model import SaleEvent
+
+    health = Health("1.0")
+    health.set_sales(attention={"seeded01": 300})
+
+    def ended(sale_id: str, cents: int, state: SaleState) -> None:
+        health.record_sale(SaleEvent(sale_id, f"KA{sale_id}", "mdb:front", state, cents,
+                                     terminal="SIM-0001"))
+
+    ended("live0001", 250, SaleState.ATTENTION)
+    ended("live0002", 125, SaleState.ATTENTION)
+    ended("live0003", 999, SaleState.COMPLETED)
+    sales = build_report("unit-9", health.snapshot())["sales"]
+    assert (sales["attention"], Decimal(sales["attention_cents"]) / 100) == (3, Decimal("6.75"))
+    ended("live0001", 250, SaleState.REVERSED)  # a person gave it back (sales resolve)
+    ended("seeded01", 300, SaleState.COMPLETED)  # the sweep captured it
+    sales = build_report("unit-9", health.snapshot())["sales"]
+    assert (sales["attention"], Decimal(sales["attention_cents"]) / 100) == (1, Decimal("1.25"))
+    assert (sales["late_vends"], sales["maybe_dispensed"]) == (0, 0)  # no watch: none counted
