@@ -292,6 +292,8 @@ def health_families(snapshot: HealthSnapshot) -> Iterator[Metric]:
     sales = snapshot.sales
     yield gauge("sales_open", "Sales not yet finished.", [({}, sales.open)])
     yield gauge("sales_attention", "Sales a person must look at now.", [({}, sales.attention)])
+    yield gauge("sales_attention_cents", "The prices of the sales in attention, in cents.",
+                [({}, sales.attention_cents)])
 
 
 def sale_families(totals: SaleTotals, terminals: Iterable[str]) -> Iterator[Metric]:

@@ -242,6 +242,7 @@ class Agent:
         # a product dispensed after its sale gave up waiting: a problem until a person saw it
         self.sales.late_vends.on_change = self.health.problem_changed
         self.health.report_problem_of("late vends", self.sales.late_vends.problem)
+        self.health.count_late_vends_of(self.sales.late_vends.counts)
         # a card wait's unsubscribe frame is sent once no customer waits for an answer
         self.service.terminal.cable.leave_when = self.sales.when_no_terminal_held
         self.recovery = Recovery(context, runner=self.sales)
@@ -428,7 +429,7 @@ class Agent:
         count, cents = self.journal.today()
         self.health.set_sales(
             open_ids=open_ids,
-            attention_ids=[r.sale_id for r in self.journal.attention_sales()],
+            attention={r.sale_id: r.amount_cents for r in self.journal.attention_sales()},
             today_count=count,
             today_amount_cents=cents,
         )

@@ -692,7 +692,10 @@ def format_health(report: dict[str, Any], now: float | None = None) -> str:
         ),
         f"sales:    {_sales_day(sales, now)} {sales.get('today_count', 0)} completed, "
         f"{format_cents(int(sales.get('today_amount_cents', 0)))}; "
-        f"open {sales.get('open', 0)}, attention {sales.get('attention', 0)}",
+        f"open {sales.get('open', 0)}, attention {sales.get('attention', 0)}"
+        # the prices of the sales in attention, as health sums them (sales.attention_cents)
+        + (f" ({format_cents(sales['attention_cents'])})"
+           if sales.get("attention") and type(sales.get("attention_cents")) is int else ""),
     ]
     if snapshot.get("availability"):
         from kiosk_agent.health.readers import availability

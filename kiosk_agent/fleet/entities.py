@@ -114,6 +114,11 @@ _COUNT = {
     "unit_of_measurement": "sales",
     "suggested_display_precision": 0,
 }
+_VENDS = {
+    "state_class": "measurement",
+    "unit_of_measurement": "vends",
+    "suggested_display_precision": 0,
+}
 
 UNIT_ENTITIES: tuple[Entity, ...] = (
     Entity(
@@ -198,6 +203,42 @@ UNIT_ENTITIES: tuple[Entity, ...] = (
             "value_template": "{{ value_json.sales.attention }}",
             **_COUNT,
             "icon": "mdi:alert-circle-outline",
+        },
+    ),
+    Entity(
+        "sensor",
+        "attention_amount",
+        "Attention amount",
+        {
+            # the prices of the sales in attention, summed once by health (its
+            # sales.attention_cents): up and down, so no state class (monetary takes only total)
+            "value_template": "{{ (value_json.sales.attention_cents / 100) | round(2) }}",
+            "device_class": "monetary",
+            "suggested_display_precision": 2,
+            "icon": "mdi:cash-lock",
+        },
+        currency=True,
+    ),
+    Entity(
+        "sensor",
+        "late_vends",
+        "Late vends",
+        {
+            # products dispensed after their sale gave up waiting, not yet acknowledged
+            "value_template": "{{ value_json.sales.late_vends }}",
+            **_VENDS,
+            "icon": "mdi:package-variant-closed-remove",
+        },
+    ),
+    Entity(
+        "sensor",
+        "maybe_dispensed",
+        "Maybe dispensed",
+        {
+            # products a dispenser's error may have let out, not yet acknowledged
+            "value_template": "{{ value_json.sales.maybe_dispensed }}",
+            **_VENDS,
+            "icon": "mdi:package-variant-closed-check",
         },
     ),
     Entity(

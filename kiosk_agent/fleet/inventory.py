@@ -355,7 +355,8 @@ _FIELDS: dict[str, tuple[Any, str]] = {
                      "a list of terminals (device_id, since)"),
     "links": (_records(name=_text, state=_text), "a list of links (name, state)"),
 }
-_SALES_COUNTS = ("today_count", "today_amount_cents", "open", "attention")
+_SALES_COUNTS = ("today_count", "today_amount_cents", "open", "attention", "attention_cents",
+                 "late_vends", "maybe_dispensed")
 _SALES: dict[str, tuple[Any, str]] = {
     **{name: (_count, "a whole number, 0 or more") for name in _SALES_COUNTS},
     "day_started_at": (_unix_time, "a Unix time"),

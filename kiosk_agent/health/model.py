@@ -151,6 +151,13 @@ class AvailabilityHealth(_Model):
 class SalesHealth(_Model):
     open: int = 0
     attention: int = 0
+    # the prices of the sales in attention (what a person decides on), summed once here: every
+    # face (the heartbeat, Home Assistant, `health`) shows this figure, none sums its own
+    attention_cents: int = 0
+    # late vends no person acknowledged yet (sales/late_vends.py): products heard dispensed
+    # after their sale gave up waiting, and those a dispenser's error may have let out
+    late_vends: int = 0
+    maybe_dispensed: int = 0
     # completed sales created today: a day is a UTC day (kiosk_agent.moments, the one rule)
     today_count: int = 0
     today_amount_cents: int = 0
@@ -242,7 +249,9 @@ class Health:
         self._unit = UnitHealth()
         self._availability: dict[str, AvailabilityHealth] = {}
         self._open_sales: set[str] = set()
-        self._attention_sales: set[str] = set()
+        self._attention_sales: dict[str, int] = {}  # sale id -> its price (cents)
+        # (heard, maybe) late vends not yet acknowledged (``count_late_vends_of``)
+        self._late_vends: Callable[[], tuple[int, int]] | None = None
         self._today: dt.date = self.today()
         self._today_count = 0
         self._today_cents = 0
@@ -438,6 +447,11 @@ class Health:
         a fact they must look at (a product dispensed after its sale gave up waiting)."""
         self._problem_sources[part] = problem
 
+    def count_late_vends_of(self, counts: Callable[[], tuple[int, int]]) -> None:
+        """Read the late vends not yet acknowledged as ``counts()`` (heard, maybe dispensed)
+        at every snapshot: the figures the problem's words say, as numbers for the faces."""
+        self._late_vends = counts
+
     def problem_changed(self) -> None:
         """A source of :meth:`report_problem_of` has a new problem: told at once (upstream
         sends it now, not at the next heartbeat)."""
@@ -502,9 +516,9 @@ class Health:
         self._open_sales.discard(event.sale_id)
         self._count_total(event)
         if event.state is SaleState.ATTENTION:
-            self._attention_sales.add(event.sale_id)
+            self._attention_sales[event.sale_id] = event.amount_cents
         else:
-            self._attention_sales.discard(event.sale_id)
+            self._attention_sales.pop(event.sale_id, None)
         # a sale is today's when it was created today, as Journal.today and `sales --since
         # today` count it: one begun at 23:59 and paid at 00:01 is yesterday's on every face
         created = day_of(event.created_at) if event.created_at else self._today
@@ -535,14 +549,15 @@ class Health:
         self,
         *,
         open_ids: Sequence[str] = (),
-        attention_ids: Sequence[str] = (),
+        attention: Mapping[str, int] | None = None,
         today_count: int | None = None,
         today_amount_cents: int | None = None,
     ) -> None:
-        """Seed the sales figures from the journal on start (a restart must not reset them)."""
+        """Seed the sales figures from the journal on start (a restart must not reset them);
+        ``attention``: each sale in attention's price in cents, by sale id."""
         self._roll_day()
         self._open_sales = set(open_ids)
-        self._attention_sales = set(attention_ids)
+        self._attention_sales = dict(attention or {})
         if today_count is not None:
             self._today_count = today_count
         if today_amount_cents is not None:
@@ -570,9 +585,13 @@ class Health:
             )
         terminals = sorted(self._terminals.values(), key=lambda t: t.device_id)
         links = sorted(self._links.values(), key=lambda link: link.name)
+        late, maybe = self._late_vends() if self._late_vends is not None else (0, 0)
         sales = SalesHealth(
             open=len(self._open_sales),
             attention=len(self._attention_sales),
+            attention_cents=sum(self._attention_sales.values()),
+            late_vends=late,
+            maybe_dispensed=maybe,
             today_count=self._today_count,
             today_amount_cents=self._today_cents,
             day_started_at=day_start(self._today),

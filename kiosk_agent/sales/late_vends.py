@@ -62,11 +62,17 @@ class LateVend:
                 f"{display_time(self.at)}, after the sale gave up waiting (unpaid)")
 
 
-def _counted(late: list[LateVend]) -> str:
-    """Health's count of unseen late vends: the heard ones said dispensed, those a dispenser's
-    error left possible only as maybe (a person checks either the same way)."""
+def counted(late: Iterable[LateVend]) -> tuple[int, int]:
+    """(heard, maybe): the heard late vends, and those a dispenser's error left possible only
+    (a person checks either the same way). Health's figures and its words both count here."""
+    late = list(late)
     heard = sum(1 for vend in late if not vend.unsure)
-    maybe = len(late) - heard
+    return heard, len(late) - heard
+
+
+def _counted(late: list[LateVend]) -> str:
+    """Health's count of unseen late vends, in words."""
+    heard, maybe = counted(late)
     said = []
     if heard:
         said.append(f"{heard} product(s) dispensed after the sale gave up waiting")
@@ -170,6 +176,16 @@ class LateVendWatch:
             else:
                 late[step.sale_id] = _late_vend(step)
         return list(late.values())
+
+    def counts(self) -> tuple[int, int]:
+        """(heard, maybe dispensed) among the unseen late vends: health's figures (the
+        heartbeat's ``sales.late_vends`` and ``sales.maybe_dispensed``, Home Assistant's
+        entities); (0, 0) while the journal cannot be read (its own health says why)."""
+        try:
+            return counted(self.unseen())
+        except (sqlite3.Error, JournalError) as err:
+            _LOGGER.debug("late vends: cannot read the journal: %s", err)
+            return 0, 0
 
     def problem(self) -> str | None:
         """Health's line while any late vend is unseen; None when none is."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -232,6 +233,11 @@ async def test_a_resolution_from_the_cli_reaches_the_running_agent_within_a_seco
     agent, session = api
     await agent.recovery.wait()
     assert agent.health.snapshot().sales.attention == 1
+    async with session.get("/metrics", headers=READER) as response:
+        metrics = await response.text()
+    [(cents,)] = sqlite3.connect(agent.journal.path).execute(
+        "SELECT amount_cents FROM sales WHERE state = 'attention'").fetchall()
+    assert f"kiosk_agent_sales_attention_cents {float(cents)}" in metrics  # the journal's price
     async with agent.events.subscribe() as steps:
         code, out, err = await warm_command(
             ["sales", "resolve", "crashed1", "--as", "reversed", "--why",
@@ -252,6 +258,7 @@ async def test_a_resolution_from_the_cli_reaches_the_running_agent_within_a_seco
     async with session.get("/metrics", headers=READER) as response:
         metrics = await response.text()
     assert "kiosk_agent_sales_attention 0.0" in metrics
+    assert "kiosk_agent_sales_attention_cents 0.0" in metrics
     async with session.get("/api/page", headers=READER) as response:
         page = await response.json()
     assert page["attention"] == []

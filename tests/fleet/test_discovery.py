@@ -48,7 +48,7 @@ def _discovery(**options: Any) -> dict[str, dict[str, Any]]:
 def test_discovery_describes_one_device_with_its_entities() -> None:
     messages = discovery_messages("unit-1", "1.0", "k/unit-1/state", "k/unit-1/availability", "ha")
     topics = [topic for topic, _ in messages]
-    assert len(topics) == 14
+    assert len(topics) == 17
     assert "ha/binary_sensor/unit-1/problem/config" in topics
     assert "ha/sensor/unit-1/sales_today_amount/config" in topics
     assert "ha/event/unit-1/alert/config" in topics
