@@ -437,7 +437,7 @@ async def test_a_charge_card_result_naming_another_charge_is_not_given_back_by_r
 
     monkeypatch.setattr(TerminalClient, "get_interaction", contradicted)
     agent = await agent_factory(sim=sim)
-    [event] = await asyncio.wait_for(agent.recovery.wait(), 10)
+    [event] = await asyncio.wait_for(agent.recovery.wait(), WAIT_S)
     assert event.state is SaleState.REVERSED, event.message
     [mine] = await rows(agent.service, "KACRASHED1")
     assert mine.status is TransStatus.VOIDED
@@ -463,7 +463,7 @@ async def test_a_capture_found_above_the_vend_at_recovery_is_put_to_a_person(
         vended_cents=175,
     )  # fmt: skip
     agent = await agent_factory(sim=sim)
-    [event] = await asyncio.wait_for(agent.recovery.wait(), 10)
+    [event] = await asyncio.wait_for(agent.recovery.wait(), WAIT_S)
     assert event.state is SaleState.ATTENTION, event.message
     assert "$3.00 for the $1.75 asked" in event.message
     assert event.captured_cents == 300  # what the service holds
