@@ -11,7 +11,6 @@ import asyncio
 import time
 from typing import Any
 
-import aiohttp
 import pytest
 
 from kiosk_agent.assembly.agent import Agent
@@ -23,7 +22,7 @@ from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.sales.steps import UNCONFIRMED
 from kiosk_agent.service.models import TransStatus
 from tests.assembly.agent_helpers import ScriptedDispenser
-from tests.assembly.test_slow_service import arm, held_by_the_service, ledger
+from tests.assembly.test_slow_service import arm, arm_cleared, held_by_the_service, ledger
 from tests.helpers import until
 
 SLOW_CAPTURE = 0.5  # seconds the service holds each capture before it processes it
@@ -190,20 +189,12 @@ async def lost_answer_agent(
     clock = FakeClock(wall=time.time())
     sim = await sim_factory(time_scale=300, transactions=0)
     agent = await agent_factory(sim=sim, timeout=2.0, answer_margin=3.0, clock=clock)
-    # held until the test lets it go (``commit_late``), not for SLOW_CAPTURE of real time: on a
+    # held until the test lets it go (``arm_cleared``), not for SLOW_CAPTURE of real time: on a
     # starved loop 0.5 s passed before the agent's 2 s did, the call was answered and the sale
     # completed (or reporting found the row at its first look)
     await arm(sim, path=path, fault="hold")
     return sim, agent, clock
 
-
-async def commit_late(sim: Any) -> None:
-    """The service commits the held call now, its answer going to nobody."""
-    async with (
-        aiohttp.ClientSession() as http,
-        http.delete(f"{sim.base_url}/sim/faults") as answer,
-    ):
-        assert answer.status == 200, await answer.text()
 
 
 async def test_a_sale_whose_authorization_answer_was_lost_frees_the_terminal(
@@ -230,7 +221,7 @@ async def test_a_sale_whose_authorization_answer_was_lost_frees_the_terminal(
     assert next_machine.authorized == [250]
     assert state_of(agent, first.sale_id) is SaleState.UNRESOLVED  # still being found out
 
-    await commit_late(sim)
+    await arm_cleared(sim)  # the service commits the held call, its answer going to nobody
     async with asyncio.timeout(WAIT_S):
         while not await ledger(agent, first.order_id):  # the late authorization
             await asyncio.sleep(0.01)
@@ -266,7 +257,7 @@ async def test_a_sale_whose_charge_card_answer_was_lost_keeps_the_terminal_until
     with pytest.raises(TerminalBusy, match=first.sale_id):
         await agent.sales.start(vend(), ScriptedDispenser())
 
-    await commit_late(sim)
+    await arm_cleared(sim)  # the service commits the held call, its answer going to nobody
     async with asyncio.timeout(WAIT_S):
         while not await ledger(agent, first.order_id):  # the terminal charged the card
             await asyncio.sleep(0.01)
