@@ -381,12 +381,14 @@ async def test_a_card_read_sent_before_the_crash_is_waited_out_by_the_next_custo
     # the read still waits for a card on the terminal (..05: nobody taps). The next customer
     # is served once it ends, not refused with "terminal busy". The read ends when the test
     # cancels it, once the customer is seen waiting: its 3-minute lifetime (36 s here) never
-    # decides the test, however slow the machine (a 0.6 s lifetime did, under load).
+    # decides the test, however slow the machine (a 0.6 s lifetime did, under load). The agent
+    # is told the same time scale: on the tests' usual 300 it counted the lost read over after
+    # 0.6 s, and a starved loop's next customer was refused "terminal busy", not made to wait.
     sim = await sim_factory(time_scale=5, transactions=0)
     async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
         read = await service.terminal.read_card("SIM-0001", 305)
         leave_open(tmp_path, state=SaleState.READING_CARD, amount_cents=305)
-        agent = await agent_factory(sim=sim)
+        agent = await agent_factory(sim=sim, time_scale=5)
         [ended] = await asyncio.wait_for(agent.recovery.wait(), WAIT_S)
         assert ended.state is SaleState.FAILED
         machine = ScriptedDispenser(DispenseStatus.VENDED, vended_cents=300)
