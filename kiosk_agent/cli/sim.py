@@ -166,7 +166,7 @@ MERCHANT_TRIGGERS = ("api", "ui", "system")
 # The simulator's faults (sim/faults.FAULTS) and its seeded key (sim/auth.API_KEY), kept here
 # without the simulator for the parser; the tests hold them equal.
 FAULTS = (
-    "drop_answer", "slow_answer", "delay", "server_error", "server_error_after_commit",
+    "drop_answer", "slow_answer", "delay", "hold", "server_error", "server_error_after_commit",
     "unavailable", "rate_limited", "first_poll_rate_limited", "black_hole", "latency",
     "ws_drop_after_confirm",
 )  # fmt: skip
@@ -419,6 +419,7 @@ _FAULT_WORDS = {
     "rate_limited": "answered 429, nothing made",
     "slow_answer": "made at once, answered late",
     "delay": "made late",
+    "hold": "held, made when released",
     "latency": "slowed down",
     "black_hole": "held, never answered",
     "first_poll_rate_limited": "answered 429 on its first status poll",

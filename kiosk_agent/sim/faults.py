@@ -8,6 +8,8 @@ or a prefix when it ends with ``*``; ``method`` is ``GET``, ``POST``, ``PUT``, `
 - ``drop_answer``: processed (a charge is made), then the connection is cut with no answer.
 - ``slow_answer``: processed at once, the answer leaves ``delay_s`` later.
 - ``delay``: waits ``delay_s``, then processes (the commit happens late).
+- ``hold``: waits until the fault is deleted (``DELETE /sim/faults/{id}``: the release) or the
+  simulator stops, then processes: a late commit whose moment the test decides, not the clock.
 - ``server_error``: 500 before anything is processed; ``server_error_after_commit``: processed,
   then a 500.
 - ``unavailable``: 503 with ``Retry-After: 1``; ``rate_limited``: 429 with ``Retry-After:
@@ -52,7 +54,7 @@ from kiosk_agent.sim.http import (
 
 # Outcome faults: at most one of them decides what happens to a request.
 OUTCOMES = (
-    "drop_answer", "slow_answer", "delay", "server_error", "server_error_after_commit",
+    "drop_answer", "slow_answer", "delay", "hold", "server_error", "server_error_after_commit",
     "unavailable", "rate_limited", "first_poll_rate_limited", "black_hole",
 )  # fmt: skip
 LATENCY = "latency"
@@ -84,6 +86,7 @@ class Fault:
     hits: int = 0
     _rng: random.Random = field(default_factory=random.Random, repr=False)
     _polled: set[str] = field(default_factory=set, repr=False)  # first_poll: interactions seen
+    released: asyncio.Event = field(default_factory=asyncio.Event, repr=False)  # hold: deleted
 
     def public(self) -> dict[str, Any]:
         return {
@@ -187,6 +190,16 @@ class Faults:
         if kind == "black_hole":
             await self._hold(request)
             raise asyncio.CancelledError  # nothing is written; the connection goes
+        if kind == "hold":
+            await read_ahead(request)  # the body is in: committed even if the client has gone
+            closing = asyncio.ensure_future(self._closing.wait())
+            released = asyncio.ensure_future(fault.released.wait())
+            try:
+                await asyncio.wait({closing, released}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                closing.cancel()
+                released.cancel()
+            return await handler(request)
         if kind == "delay":
             # the body is in before the wait: the call is committed late even when the client
             # has given up (or died) meanwhile, as a slow service would
@@ -255,6 +268,8 @@ class Faults:
         return json_response({"faults": [fault.public() for fault in self.armed]})
 
     async def handle_clear(self, _: web.Request) -> web.Response:
+        for fault in self.armed:
+            fault.released.set()  # a held call goes on
         self.armed.clear()
         return json_response({"faults": []})
 
@@ -263,6 +278,7 @@ class Faults:
         for fault in self.armed:
             if fault.id == wanted:
                 self.armed.remove(fault)
+                fault.released.set()  # a held call goes on
                 return json_response(fault.public())
         raise not_found(f"no fault {wanted!r}", "fault_not_found")
 

@@ -45,6 +45,7 @@ async def agent_factory(sim_factory: Any, tmp_path: Path) -> AsyncIterator[Agent
         directory: Path | None = None,
         answer_margin: float = 0.5,
         clock: Clock = SYSTEM_CLOCK,
+        time_scale: float = TIME_SCALE,  # the agent's view of the simulator's (its lifetimes)
         **tuning: Any,
     ) -> Agent:
         if sim is None:
@@ -52,7 +53,7 @@ async def agent_factory(sim_factory: Any, tmp_path: Path) -> AsyncIterator[Agent
                 sims.append(await sim_factory(time_scale=TIME_SCALE, seed=1, transactions=0))
             sim = sims[0]
         config = load_config(
-            write_config(directory or tmp_path, extra, answer_margin=answer_margin)
+            write_config(directory or tmp_path, extra, time_scale, answer_margin=answer_margin)
         )
         # a short request timeout: a money call's deadline (timeout + answer_margin) stays short
         tuning.setdefault("timeout", REQUEST_TIMEOUT)

@@ -381,12 +381,14 @@ async def test_a_card_read_sent_before_the_crash_is_waited_out_by_the_next_custo
     # the read still waits for a card on the terminal (..05: nobody taps). The next customer
     # is served once it ends, not refused with "terminal busy". The read ends when the test
     # cancels it, once the customer is seen waiting: its 3-minute lifetime (36 s here) never
-    # decides the test, however slow the machine (a 0.6 s lifetime did, under load).
+    # decides the test, however slow the machine (a 0.6 s lifetime did, under load). The agent
+    # is told the same time scale: on the tests' usual 300 it counted the lost read over after
+    # 0.6 s, and a starved loop's next customer was refused "terminal busy", not made to wait.
     sim = await sim_factory(time_scale=5, transactions=0)
     async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
         read = await service.terminal.read_card("SIM-0001", 305)
         leave_open(tmp_path, state=SaleState.READING_CARD, amount_cents=305)
-        agent = await agent_factory(sim=sim)
+        agent = await agent_factory(sim=sim, time_scale=5)
         [ended] = await asyncio.wait_for(agent.recovery.wait(), WAIT_S)
         assert ended.state is SaleState.FAILED
         machine = ScriptedDispenser(DispenseStatus.VENDED, vended_cents=300)
@@ -437,7 +439,7 @@ async def test_a_charge_card_result_naming_another_charge_is_not_given_back_by_r
 
     monkeypatch.setattr(TerminalClient, "get_interaction", contradicted)
     agent = await agent_factory(sim=sim)
-    [event] = await asyncio.wait_for(agent.recovery.wait(), 10)
+    [event] = await asyncio.wait_for(agent.recovery.wait(), WAIT_S)
     assert event.state is SaleState.REVERSED, event.message
     [mine] = await rows(agent.service, "KACRASHED1")
     assert mine.status is TransStatus.VOIDED
@@ -463,7 +465,7 @@ async def test_a_capture_found_above_the_vend_at_recovery_is_put_to_a_person(
         vended_cents=175,
     )  # fmt: skip
     agent = await agent_factory(sim=sim)
-    [event] = await asyncio.wait_for(agent.recovery.wait(), 10)
+    [event] = await asyncio.wait_for(agent.recovery.wait(), WAIT_S)
     assert event.state is SaleState.ATTENTION, event.message
     assert "$3.00 for the $1.75 asked" in event.message
     assert event.captured_cents == 300  # what the service holds

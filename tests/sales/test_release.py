@@ -22,10 +22,14 @@ from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.sales.steps import UNCONFIRMED
 from kiosk_agent.service.models import TransStatus
 from tests.assembly.agent_helpers import ScriptedDispenser
-from tests.assembly.test_slow_service import arm, held_by_the_service, ledger
+from tests.assembly.test_slow_service import arm, arm_cleared, held_by_the_service, ledger
 from tests.helpers import until
 
 SLOW_CAPTURE = 0.5  # seconds the service holds each capture before it processes it
+# every wait's hang guard, not a bound: the agent, its simulator and the test share one starved
+# loop on a loaded machine (10 s ran out for the late authorization's row, the loop stopped
+# 390 ms of every 400)
+WAIT_S = 60.0
 
 
 def vend(cents: int = 300, terminal: str | None = None) -> SaleRequest:
@@ -62,11 +66,11 @@ async def test_the_next_sale_reads_its_card_while_the_last_capture_is_in_flight(
     reason = agent.sales.busy_reason("SIM-0001")
     assert reason is not None
     assert second.sale_id in reason  # only the sale holding it
-    await asyncio.wait_for(machine.started.wait(), 5)  # card read, authorized, vending
+    await asyncio.wait_for(machine.started.wait(), WAIT_S)  # card read, authorized, vending
 
     assert not first.task.done()  # its capture is still in flight
     assert {r.sale_id for r in agent.sales.running} == {first.sale_id, second.sale_id}
-    ended = await asyncio.wait_for(asyncio.gather(first.result(), second.result()), 10)
+    ended = await asyncio.wait_for(asyncio.gather(first.result(), second.result()), WAIT_S)
     assert [e.state for e in ended] == [SaleState.COMPLETED, SaleState.COMPLETED]
     for sale in (first, second):
         [row] = await ledger(agent, sale.order_id)
@@ -82,7 +86,7 @@ async def test_a_capturing_sale_cannot_be_cancelled_and_completes(
     await held_by_the_service(sim)
 
     assert await agent.sales.cancel(sale.sale_id) is False
-    final = await asyncio.wait_for(sale.result(), 10)
+    final = await asyncio.wait_for(sale.result(), WAIT_S)
     assert final.state is SaleState.COMPLETED
     assert final.captured_cents == 300
     steps = [s.step for s in agent.journal.steps(sale.sale_id)]
@@ -92,7 +96,13 @@ async def test_a_capturing_sale_cannot_be_cancelled_and_completes(
 async def test_stop_parks_a_capturing_and_a_reading_sale_and_the_next_start_ends_both(
     agent_factory: Any, sim_factory: Any
 ) -> None:
-    sim, agent = await slow_capture_agent(agent_factory, sim_factory)
+    # The capture is held by the service until the agent hangs up (``black_hole``), not for
+    # SLOW_CAPTURE: a starved loop took longer than 0.5 s to reach the stop, the capture was
+    # answered first and the sale completed instead of being parked. Nothing is committed, so
+    # the next start finds the hold and captures it.
+    sim = await sim_factory(time_scale=300, transactions=0)
+    agent = await agent_factory(sim=sim)
+    await arm(sim, path="/api/v1/capture", fault="black_hole")
     capturing = await agent.sales.start(vend(), ScriptedDispenser())
     await held_by_the_service(sim)
     reading = await agent.sales.start(vend(305), ScriptedDispenser())  # ..05: no card comes
@@ -108,7 +118,7 @@ async def test_stop_parks_a_capturing_and_a_reading_sale_and_the_next_start_ends
     await agent.stop()
 
     again = await agent_factory(sim=sim)
-    ended = await asyncio.wait_for(again.recovery.wait(), 10)
+    ended = await asyncio.wait_for(again.recovery.wait(), WAIT_S)
     states = {e.sale_id: e.state for e in ended}
     assert states == {capturing.sale_id: SaleState.COMPLETED, reading.sale_id: SaleState.FAILED}
     [row] = await ledger(again, capturing.order_id)
@@ -129,7 +139,7 @@ async def test_a_receipt_printed_on_the_terminal_keeps_it_held_until_printed(
     with pytest.raises(TerminalBusy, match="is capturing"):
         await agent.sales.start(vend(terminal="printer"), ScriptedDispenser())
     assert not sale.released.is_set()
-    final = await asyncio.wait_for(sale.result(), 10)
+    final = await asyncio.wait_for(sale.result(), WAIT_S)
     assert final.state is SaleState.COMPLETED
     notes = [s.detail.get("note") for s in agent.journal.steps(sale.sale_id) if s.step == "receipt"]
     assert notes == ["receipt printed"]
@@ -152,7 +162,7 @@ async def test_an_enrollment_frees_the_terminal_once_the_card_is_read(
     assert state_of(agent, saving.sale_id) is SaleState.ENROLLING
 
     paying = await agent.sales.start(vend(), ScriptedDispenser())
-    ended = await asyncio.wait_for(asyncio.gather(saving.result(), paying.result()), 10)
+    ended = await asyncio.wait_for(asyncio.gather(saving.result(), paying.result()), WAIT_S)
     assert [e.state for e in ended] == [SaleState.COMPLETED, SaleState.COMPLETED]
 
 
@@ -179,8 +189,12 @@ async def lost_answer_agent(
     clock = FakeClock(wall=time.time())
     sim = await sim_factory(time_scale=300, transactions=0)
     agent = await agent_factory(sim=sim, timeout=2.0, answer_margin=3.0, clock=clock)
-    await arm(sim, path=path, fault="delay", delay_s=SLOW_CAPTURE)
+    # held until the test lets it go (``arm_cleared``), not for SLOW_CAPTURE of real time: on a
+    # starved loop 0.5 s passed before the agent's 2 s did, the call was answered and the sale
+    # completed (or reporting found the row at its first look)
+    await arm(sim, path=path, fault="hold")
     return sim, agent, clock
+
 
 
 async def test_a_sale_whose_authorization_answer_was_lost_frees_the_terminal(
@@ -202,12 +216,13 @@ async def test_a_sale_whose_authorization_answer_was_lost_frees_the_terminal(
 
     next_machine = ScriptedDispenser()
     second = await agent.sales.start(vend(250), next_machine)
-    served = await asyncio.wait_for(second.result(), 10)
+    served = await asyncio.wait_for(second.result(), WAIT_S)
     assert served.state is SaleState.COMPLETED, served.message
     assert next_machine.authorized == [250]
     assert state_of(agent, first.sale_id) is SaleState.UNRESOLVED  # still being found out
 
-    async with asyncio.timeout(10):
+    await arm_cleared(sim)  # the service commits the held call, its answer going to nobody
+    async with asyncio.timeout(WAIT_S):
         while not await ledger(agent, first.order_id):  # the late authorization
             await asyncio.sleep(0.01)
     ended = await clock.run(first.result())
@@ -242,7 +257,8 @@ async def test_a_sale_whose_charge_card_answer_was_lost_keeps_the_terminal_until
     with pytest.raises(TerminalBusy, match=first.sale_id):
         await agent.sales.start(vend(), ScriptedDispenser())
 
-    async with asyncio.timeout(10):
+    await arm_cleared(sim)  # the service commits the held call, its answer going to nobody
+    async with asyncio.timeout(WAIT_S):
         while not await ledger(agent, first.order_id):  # the terminal charged the card
             await asyncio.sleep(0.01)
     await arm(sim, path="/api/v1/void-or-refund", fault="delay", delay_s=SLOW_CAPTURE)
@@ -251,7 +267,7 @@ async def test_a_sale_whose_charge_card_answer_was_lost_keeps_the_terminal_until
     assert first.released.is_set()
     assert state_of(agent, first.sale_id) is SaleState.REVERSING
     second = await agent.sales.start(vend(250), ScriptedDispenser())
-    served, ended = await asyncio.wait_for(asyncio.gather(second.result(), reversing), 10)
+    served, ended = await asyncio.wait_for(asyncio.gather(second.result(), reversing), WAIT_S)
     assert served.state is SaleState.COMPLETED, served.message
     assert ended.state is SaleState.REVERSED, ended.message
     [charged] = await ledger(agent, first.order_id)
@@ -285,7 +301,7 @@ async def capture_waits_behind_a_waiting_customer(
     agent = await agent_factory(sim=sim, clock=clock)
     sent = captures_sent_at(agent, clock)
     first = await agent.sales.start(vend(), ScriptedDispenser(vended_cents=300))
-    await asyncio.wait_for(first.terminal_released(), 5)
+    await asyncio.wait_for(first.terminal_released(), WAIT_S)
     second = await agent.sales.start(vend(305), ScriptedDispenser())
     await until(lambda: state_of(agent, first.sale_id) is SaleState.CAPTURING)
     # the capture's wait is armed on the sale clock: a second from the request on disk
@@ -319,12 +335,12 @@ async def test_a_released_sales_capture_and_its_completion_wait_a_second_each_at
     [row] = await ledger(agent, first.order_id)
     assert row.status is TransStatus.CAPTURED
     await clock.advance(1.0)
-    final = await asyncio.wait_for(first.result(), 5)
+    final = await asyncio.wait_for(first.result(), WAIT_S)
     assert final.state is SaleState.COMPLETED
     assert said == [SaleState.COMPLETED]
     assert not second.task.done()  # the customer still waits: ended at the bound, not after
     await agent.sales.cancel(second.sale_id)
-    assert (await asyncio.wait_for(second.result(), 5)).state is SaleState.CANCELLED
+    assert (await asyncio.wait_for(second.result(), WAIT_S)).state is SaleState.CANCELLED
     [row] = await ledger(agent, first.order_id)
     assert row.status is TransStatus.CAPTURED
 
@@ -354,10 +370,10 @@ async def test_a_completion_answered_while_a_customer_waits_shares_that_customer
     assert agent.journal._fsync_owed  # committed, not fsynced
     assert said == []
     assert await agent.sales.cancel(second.sale_id)  # an fsynced commit, then answered
-    final = await asyncio.wait_for(first.result(), 5)
+    final = await asyncio.wait_for(first.result(), WAIT_S)
     assert final.state is SaleState.COMPLETED
     assert said == [SaleState.COMPLETED]
-    assert (await asyncio.wait_for(second.result(), 5)).state is SaleState.CANCELLED
+    assert (await asyncio.wait_for(second.result(), WAIT_S)).state is SaleState.CANCELLED
     assert fdatasyncs == []
     assert len(sent) == 1
 
@@ -369,10 +385,10 @@ async def test_a_waiting_capture_is_sent_as_soon_as_the_waiting_customer_is_answ
         agent_factory, sim_factory)
     began = clock.monotonic()
     assert await agent.sales.cancel(second.sale_id)  # the machine is told no: answered
-    final = await asyncio.wait_for(first.result(), 5)
+    final = await asyncio.wait_for(first.result(), WAIT_S)
     assert final.state is SaleState.COMPLETED
     assert sent == [began]  # the sale clock never moved: not the bound
-    assert (await asyncio.wait_for(second.result(), 5)).state is SaleState.CANCELLED
+    assert (await asyncio.wait_for(second.result(), WAIT_S)).state is SaleState.CANCELLED
 
 
 async def test_a_stop_sends_the_waiting_captures_at_once_and_once(
@@ -384,11 +400,11 @@ async def test_a_stop_sends_the_waiting_captures_at_once_and_once(
         agent_factory, sim_factory)
     began = clock.monotonic()
     agent.sales.close()
-    final = await asyncio.wait_for(first.result(), 5)
+    final = await asyncio.wait_for(first.result(), WAIT_S)
     assert final.state is SaleState.COMPLETED
     assert sent == [began]
     agent.sales.cancel_unpaid()
-    await asyncio.wait_for(second.result(), 5)
+    await asyncio.wait_for(second.result(), WAIT_S)
     [row] = await ledger(agent, first.order_id)
     assert row.status is TransStatus.CAPTURED
     assert len(sent) == 1
@@ -406,13 +422,13 @@ async def test_a_stop_announces_a_completion_waiting_for_a_customer_at_once_and_
     await until(lambda: state_of(agent, first.sale_id) is SaleState.COMPLETED)
     stopped_at = clock.monotonic()
     agent.sales.close()
-    final = await asyncio.wait_for(first.result(), 5)
+    final = await asyncio.wait_for(first.result(), WAIT_S)
     assert final.state is SaleState.COMPLETED
     assert said == [SaleState.COMPLETED]
     assert clock.monotonic() == stopped_at  # at once, not at the bound
     assert not agent.journal._fsync_owed  # durable before announced
     agent.sales.cancel_unpaid()
-    await asyncio.wait_for(second.result(), 5)
+    await asyncio.wait_for(second.result(), WAIT_S)
     assert len(sent) == 1
 
 
@@ -425,7 +441,7 @@ async def test_a_lone_customers_capture_is_not_delayed(agent_factory: Any) -> No
     sent = captures_sent_at(agent, clock)
     began = clock.monotonic()
     sale = await agent.sales.start(vend(), ScriptedDispenser(vended_cents=300))
-    final = await asyncio.wait_for(sale.result(), 5)
+    final = await asyncio.wait_for(sale.result(), WAIT_S)
     assert final.state is SaleState.COMPLETED
     assert sent == [began]
     assert agent.sales.context.customers.waiting() == 0
@@ -443,7 +459,7 @@ async def test_a_held_completion_waits_for_customers_at_both_terminals_and_fsync
     agent = await agent_factory(sim=sim, clock=clock)
     sent = captures_sent_at(agent, clock)
     first = await agent.sales.start(vend(), ScriptedDispenser(vended_cents=300))
-    await asyncio.wait_for(first.terminal_released(), 5)
+    await asyncio.wait_for(first.terminal_released(), WAIT_S)
     here = await agent.sales.start(vend(305), ScriptedDispenser())  # a card that never comes
     there = await agent.sales.start(vend(305, "SIM-0007"), ScriptedDispenser())
     await until(lambda: state_of(agent, first.sale_id) is SaleState.CAPTURING)
@@ -456,17 +472,17 @@ async def test_a_held_completion_waits_for_customers_at_both_terminals_and_fsync
     assert agent.journal._fsync_owed
     began = clock.monotonic()
     assert await agent.sales.cancel(there.sale_id)  # one answered: its commit is fsynced
-    assert (await asyncio.wait_for(there.result(), 5)).state is SaleState.CANCELLED
+    assert (await asyncio.wait_for(there.result(), WAIT_S)).state is SaleState.CANCELLED
     assert not agent.journal._fsync_owed  # durable now, with the cancel's commit
     for _ in range(20):
         await asyncio.sleep(0)
     assert said == []  # a customer still waits at the other terminal
     assert await agent.sales.cancel(here.sale_id)
-    final = await asyncio.wait_for(first.result(), 5)
+    final = await asyncio.wait_for(first.result(), WAIT_S)
     assert final.state is SaleState.COMPLETED
     assert said == [SaleState.COMPLETED]
     assert clock.monotonic() == began  # before the bound
-    assert (await asyncio.wait_for(here.result(), 5)).state is SaleState.CANCELLED
+    assert (await asyncio.wait_for(here.result(), WAIT_S)).state is SaleState.CANCELLED
     assert fdatasyncs == []
     assert len(sent) == 1
     [row] = await ledger(agent, first.order_id)
@@ -487,7 +503,7 @@ async def test_work_that_waits_for_a_sales_release_runs_in_the_call_that_release
     sale.when_released(broken)
     sale.when_released(lambda: heard.append(("second", sale.released.is_set())))
     assert heard == []  # the card is still to be read
-    event = await asyncio.wait_for(sale.result(), 10)
+    event = await asyncio.wait_for(sale.result(), WAIT_S)
     assert event.state is SaleState.COMPLETED
     assert heard == [("first", True), ("second", True)]  # once each, the broken one logged
     assert "work that waited for its release failed" in caplog.text

@@ -210,6 +210,36 @@ async def test_a_black_hole_holds_the_call_until_the_client_leaves(
         await held
 
 
+async def test_a_held_call_is_committed_when_its_fault_is_deleted_whatever_the_time(
+    api: Api, sim: SimServer
+) -> None:
+    """``hold``: a late commit whose moment the test decides (a ``delay`` of real time raced a
+    starved loop's own steps, tests/sales/test_release.py)."""
+    armed = await arm(api, path="/api/v1/charge", fault="hold")
+    charging = asyncio.ensure_future(api.post("/api/v1/charge", {**CHARGE, "order_id": "held-1"}))
+    await until(lambda: sim.ctx is not None and sim.ctx.extras["faults"].armed[0].hits == 1)
+    assert sim.ctx is not None
+    await asyncio.sleep(0)  # the held call's turn: nothing is made while it is held
+    assert sim.ctx.ledger.find_order("999000000001", "held-1") == []
+    assert not charging.done()
+    status, deleted = await api.delete(f"/sim/faults/{armed['id']}")
+    assert (status, deleted["hits"]) == (200, 1)
+    status, answer = await charging  # made and answered once released
+    assert (status, answer["result"]) == (200, "A")
+    [row] = sim.ctx.ledger.find_order("999000000001", "held-1")
+    assert row["trans_id"] == answer["trans_id"]
+    # the client gone first: the call is still made when released (clearing all faults)
+    await arm(api, path="/api/v1/charge", fault="hold")
+    with pytest.raises(TimeoutError):
+        await api.post(
+            "/api/v1/charge", {**CHARGE, "order_id": "held-2"},
+            timeout=aiohttp.ClientTimeout(total=0.2),
+        )
+    assert sim.ctx.ledger.find_order("999000000001", "held-2") == []
+    assert (await api.delete("/sim/faults"))[0] == 200
+    await until(lambda: len(sim.ctx.ledger.find_order("999000000001", "held-2")) == 1)  # type: ignore[union-attr]
+
+
 async def test_first_poll_rate_limited_hits_the_first_status_get_of_each_interaction(
     api: Api,
 ) -> None:
