@@ -3,6 +3,7 @@
     python bench/chaos.py [--kills 300] [--machines 2] [--seed 1] [--no-faults]
                           [--no-clock-steps] [--dir DIR]
                           [--disk-full P] [--damage-journal wal_deleted|page_overwritten]
+                          [--card-first]
 
 The agent (``kiosk-agent run``), the simulator (``kiosk-agent sim``) and ``--machines`` vending
 machines (``kiosk-agent virtual``) run as separate processes; the harness is
@@ -23,6 +24,10 @@ journaled), then one JSON line.
 The journal's disk (root only): ``--disk-full P`` puts the journal on a tmpfs of its own and
 fills it for 0.2 to 1.5 s in a fraction P of the rounds while sales run; ``--damage-journal``
 deletes its WAL (or overwrites a page) once, half-way, between a kill and the restart.
+
+``--card-first``: the authorize_capture machines (the even ones) sell card first: the agent
+authorizes $5.00 (``max_funds``), opens the session, the customer chooses; the judge holds that
+the chosen price the machine vended is what was kept, never the funds (``kept_wrong_amount``).
 """
 
 from __future__ import annotations
@@ -59,6 +64,8 @@ async def main() -> int:
                         help="fill the journal's own tmpfs in this fraction of the rounds")
     parser.add_argument("--damage-journal", choices=["wal_deleted", "page_overwritten"],
                         default="", help="damage the journal once, half-way")
+    parser.add_argument("--card-first", action="store_true",
+                        help="the authorize_capture machines sell card first")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="chaos-") as scratch:
         workdir = args.dir or Path(scratch)
@@ -71,6 +78,7 @@ async def main() -> int:
             faults=not args.no_faults,
             disk_full=args.disk_full,
             damage_journal=args.damage_journal,
+            card_first=args.card_first,
             clock_steps=not args.no_clock_steps,
             log=(lambda _line: None) if args.quiet else (lambda line: print(line, flush=True)),
         )

@@ -354,15 +354,20 @@ async def late_vends_command(args: argparse.Namespace) -> int:
         journal.close()
     if wants_json(args):
         print(json.dumps({"late_vends": [
-            {"sale_id": v.sale_id, "product": v.product, "source": v.source, "at": v.at}
+            {"sale_id": v.sale_id, "product": v.product, "source": v.source, "at": v.at,
+             "unsure": v.unsure}
             for v in late]}, indent=2))
         return EXIT_FAILED if late else EXIT_OK
     from kiosk_agent.text import for_terminal
 
     for vend in late:
+        # a maybe (a dispenser's error, a vend a stop left unheard) is never said dispensed
+        said = (f"may have dispensed {display_time(vend.at)} ({for_terminal(vend.unsure)}): "
+                "unpaid if so, the money went back" if vend.unsure else
+                f"dispensed {display_time(vend.at)}, after its sale gave up waiting: unpaid, "
+                "the money went back")
         print(f"{vend.sale_id}  {for_terminal(vend.product or '(product unnamed)')}  "
-              f"{for_terminal(vend.source)}  dispensed {display_time(vend.at)}, after its sale "
-              "gave up waiting: unpaid, the money went back")
+              f"{for_terminal(vend.source)}  {said}")
     print(plural(len(late), "late vend") + " not acknowledged"
           + ("; check the stock, then: kiosk-agent sales late-vends --ack SALE|all"
              if late else ""))

@@ -49,7 +49,8 @@ class LateVend:
     source: str
     at: float  # when it was heard (Unix time)
     # not heard but possible: why the product may have gone out (a dispenser that raised after
-    # its relay may have fired: ``LateVendWatch.maybe_dispensed``); "" for a vend heard
+    # its relay may have fired, a vend in flight when the agent stopped:
+    # ``LateVendWatch.maybe_dispensed``); "" for a vend heard
     unsure: str = ""
 
     def text(self) -> str:
@@ -63,8 +64,9 @@ class LateVend:
 
 
 def counted(late: Iterable[LateVend]) -> tuple[int, int]:
-    """(heard, maybe): the heard late vends, and those a dispenser's error left possible only
-    (a person checks either the same way). Health's figures and its words both count here."""
+    """(heard, maybe): the heard late vends, and those only possible (a dispenser's error, or a
+    vend in flight when the agent stopped; a person checks either the same way). Health's
+    figures and its words both count here."""
     late = list(late)
     heard = sum(1 for vend in late if not vend.unsure)
     return heard, len(late) - heard
@@ -73,11 +75,16 @@ def counted(late: Iterable[LateVend]) -> tuple[int, int]:
 def _counted(late: list[LateVend]) -> str:
     """Health's count of unseen late vends, in words."""
     heard, maybe = counted(late)
+    # why a maybe: a dispenser's error (the runner's), or a vend in flight when the agent
+    # stopped (recovery's): said as such when all are of one kind
+    errors = sum(1 for vend in late if vend.unsure.startswith("dispenser error"))
+    why = ("a dispenser's error" if errors == maybe
+           else "the agent stopped mid-vend" if not errors else "not heard")
     said = []
     if heard:
         said.append(f"{heard} product(s) dispensed after the sale gave up waiting")
     if maybe:
-        said.append(f"{maybe} product(s) that may have been dispensed (a dispenser's error)")
+        said.append(f"{maybe} product(s) that may have been dispensed ({why})")
     return " and ".join(said)
 
 
@@ -123,8 +130,9 @@ class LateVendWatch:
         self._note(sale_id, {"product": product or "", "source": source})
 
     def maybe_dispensed(self, sale_id: str, product: str | None, source: str, why: str) -> None:
-        """``sale_id``'s dispenser raised (``why``) after it may have moved the machine (a relay
-        fired first): its money went back, and the product may have gone out. Not heard, so
+        """``sale_id``'s vend may have been made unheard (``why``): its dispenser raised after it
+        may have moved the machine (a relay fired first), or recovery found it in flight and
+        heard no result: its money went back, and the product may have gone out. Not heard, so
         not said as dispensed, but told to a person as a late vend is (a note on the sale, a
         problem in health until acknowledged), never silently."""
         _LOGGER.warning("sale %s: %s; the money went back, and the product %s may have gone "

@@ -271,7 +271,7 @@ class Recovery:
         vend = self.runner.restart_vend(record.sale_id)
         try:
             if vend is None:
-                return await held_or_none(steps, why)
+                return self._maybe_vended(record, await held_or_none(steps, why))
             if not vend.heard.done():
                 left = max(0.0, vend.due - self.clock.monotonic())
                 _LOGGER.warning("sale %s: left dispensing; listening for its vend result for "
@@ -288,8 +288,8 @@ class Recovery:
         if self._last_holding.get(record.terminal) == record.sale_id:
             self.runner.unblock(record.terminal, by="recovery")
         if outcome is None:
-            return await held_or_none(
-                steps, f"{why}: no vend result within its vend timeout after the restart")
+            return self._maybe_vended(record, await held_or_none(
+                steps, f"{why}: no vend result within its vend timeout after the restart"))
         heard = {"status": outcome.status.value, "detail": outcome.detail,
                  "after_restart": True}
         if outcome.status is not DispenseStatus.VENDED:
@@ -307,6 +307,29 @@ class Recovery:
                 "dispensed (the machine said so after the restart); paid",
                 vended_cents=cents, detail=heard)
         return await steps.capture(cents, heard)
+
+    def _maybe_vended(self, record: SaleRecord, ended: SaleEvent) -> SaleEvent:
+        """A sale left dispensing whose money went back with no vend result: its vend was
+        approved (``dispense.request``; card first, the choice journaled) and the machine may
+        have made it while no agent listened. Told to a person as the runner tells a dispenser's
+        error (a ``late.vend`` step with ``unsure``, health's problem until acknowledged), never
+        silently: the chaos runs found each such sale vended (2026-11-30, i40-chaos). Not when
+        the machine had said the vend failed, or a card-first customer never chose."""
+        if ended.state is SaleState.COMPLETED or not self.runner.hears_after_restart(
+                record.source):  # a machine made anew with the agent: its vend died with it
+            return ended
+        steps = self.journal.steps(record.sale_id)
+        if (any(s.step == Step.DISPENSE_RESULT for s in steps)
+                or not any(s.step == Step.DISPENSE_REQUEST for s in steps)):
+            return ended
+        chosen = [s.detail for s in steps if s.step == Step.DISPENSE_CHOSEN]
+        product = str(chosen[-1].get("product") or "") if chosen else record.product
+        if not chosen and not record.product:  # card first, nothing chosen: no vend approved
+            return ended
+        self.runner.late_vends.maybe_dispensed(
+            record.sale_id, product, record.source,
+            "the agent stopped mid-vend; no vend result heard after the restart")
+        return ended
 
     def _stop_listening(self, sale_id: str) -> None:
         if self.runner.stop_listening(sale_id) and self.on_listening_change:

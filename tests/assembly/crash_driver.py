@@ -337,6 +337,7 @@ FAULT_FALLBACK = {
     "latency": "delay",
 }
 KILL_MODES = ("start", "recovery", "money", "money", "random")
+CARD_FIRST_FUNDS = "5.00"  # a card-first machine's max_funds: above every price in PRODUCTS
 AIM_HANG_S = 120.0  # the longest a money round waits for its step or its sales (a hang)
 # the moments a round may be planned to kill at (ChaosOptions.moments): a mode, or a money step
 MOMENTS = frozenset({"start", "recovery", "random"} | MONEY_STEPS)
@@ -381,6 +382,11 @@ class ChaosOptions:
     # machine), or, when None, 3 - 6 s after the agent is ready (wall time: a loaded machine
     # sells fewer in it, misses more aimed moments and so needs more rounds).
     aim_sales: int | None = None
+    # Card first: the authorize_capture machines (2, 4, ...) run ``--mode card_first`` and their
+    # triggers ``mode: card_first`` with ``max_funds`` (CARD_FIRST_FUNDS): the agent authorizes
+    # the funds, the customer chooses, and the judge holds that the machine's chosen price is
+    # what was kept, never the funds (``kept_wrong_amount``).
+    card_first: bool = False
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.moments if m not in MOMENTS]
@@ -757,9 +763,10 @@ class Chaos:
         opts = self.options
         for n in range(1, opts.machines + 1):
             record = self.dir / f"m{n}.jsonl"
+            mode = ["--mode", "card_first"] if self._card_first(n) else []
             self.machines.append(await Child.command(
                 f"m{n}",
-                ["virtual", "--listen", "socket://127.0.0.1:0",
+                ["virtual", "--listen", "socket://127.0.0.1:0", *mode,
                  "--name", f"m{n}", "--record", str(record), "--seed", str(opts.seed * 100 + n),
                  "--rate", str(opts.rate), "--fail-rate", "0.15", "--dispense-time", "0.05",
                  "--patience", "8", *[a for p in PRODUCTS for a in ("--product", p)]],
@@ -791,9 +798,11 @@ class Chaos:
         triggers = []
         for n, port in enumerate(ports, start=1):
             flow = "charge_card" if n % 2 else "authorize_capture"
+            card_first = self._card_first(n)
+            mode = f"mode: card_first, max_funds: '{CARD_FIRST_FUNDS}', " if card_first else ""
             triggers.append(
                 f"  - {{platform: mdb, name: m{n}, port: '{port}', terminal: SIM-{n:04d}, "
-                f"flow: {flow}, vend_timeout: 5, reconnect_max: 0.5}}"
+                f"flow: {flow}, {mode}vend_timeout: 5, reconnect_max: 0.5}}"
             )
         terminals = ", ".join(f"{{device_id: SIM-{n:04d}}}" for n in range(1, len(ports) + 1))
         (self.dir / "config.yaml").write_text(
@@ -828,6 +837,10 @@ class Chaos:
             + "\n".join(triggers)
             + "\n"
         )
+
+    def _card_first(self, n: int) -> bool:
+        """Machine ``n`` (from 1) sells card first: an authorize_capture one, when asked."""
+        return self.options.card_first and n % 2 == 0
 
     async def _start_agent(self) -> Child:
         self.report.restarts += 1
@@ -1152,6 +1165,12 @@ class DiskFaults:
 
     def unmount(self) -> None:
         if self.mounted is not None:
+            # the journal's tmpfs goes with the run: its files are kept beside the records
+            # first (no agent runs now), so a kept run (``--dir``) can be read after it
+            for side in ("", "-wal"):
+                kept = self.journal.with_name(self.journal.name + side)
+                if kept.exists():
+                    shutil.copyfile(kept, self.mount_point.parent / kept.name)
             self.mounted.close()
             self.mounted = None
 

@@ -22,11 +22,20 @@ from typing import Any
 
 import pytest
 
-from kiosk_agent.money import cents_to_dollars
+from kiosk_agent.config.load import load_config
+from kiosk_agent.money import cents_to_dollars, dollars_to_cents
 from kiosk_agent.sales.journal import Journal, SaleRecord, StepRecord
 from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.service.models import Transaction, TransStatus
-from tests.assembly.crash_driver import MONEY_STEPS, Chaos, ChaosOptions, ChaosReport, judge
+from tests.assembly.crash_driver import (
+    CARD_FIRST_FUNDS,
+    MONEY_STEPS,
+    PRODUCTS,
+    Chaos,
+    ChaosOptions,
+    ChaosReport,
+    judge,
+)
 from tests.faketime import SteppedClock
 
 # Each kind of moment killed at once, planned rather than drawn: 20 drawn rounds met some money
@@ -249,3 +258,49 @@ def test_a_time_written_on_the_old_offset_just_after_a_step_is_placed_by_that_of
     late = now - 9.5 + 3 * 86_400.0  # still three days ahead, just after the step back
     assert clock.real_time(late) == now - 9.5  # not two hours into the future
     assert clock.real_time(now - 5.0 - 7200.0) == now - 5.0
+
+
+# -- card first (bench/chaos.py --card-first) ----------------------------------------------------
+
+
+def test_a_card_first_run_sells_card_first_on_its_authorize_capture_machines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent's configuration as the harness writes it, read by the agent's own loader: the
+    even machines (authorize_capture) card first with funds above every price, the odd ones as
+    before."""
+    chaos = Chaos(ChaosOptions(workdir=tmp_path, machines=2, card_first=True))
+    chaos.ready = {"base_url": "http://127.0.0.1:9/", "reporting_url": "http://127.0.0.1:9/r",
+                   "ws_url": "ws://127.0.0.1:9/ws", "mid": "M-1", "client_id": "c-1"}
+    for name in ("KIOSK_API_KEY", "KIOSK_CLIENT_SECRET", "KIOSK_ADMIN_TOKEN"):
+        monkeypatch.setenv(name, "x" * 24)
+    chaos._write_config(["socket://127.0.0.1:7001", "socket://127.0.0.1:7002"])
+
+    first, second = load_config(tmp_path / "config.yaml").triggers
+    assert (first["flow"], first.get("mode", "selection_first")) == (
+        "charge_card", "selection_first")
+    assert (second["flow"], second["mode"]) == ("authorize_capture", "card_first")
+    prices = [dollars_to_cents(p.split("=")[1]) for p in PRODUCTS]
+    assert second["max_funds"] == dollars_to_cents(CARD_FIRST_FUNDS) > max(prices)
+    assert [chaos._card_first(n) for n in (1, 2, 3, 4)] == [False, True, False, True]
+
+
+def test_the_judge_holds_a_card_first_sale_to_the_chosen_price_never_the_funds() -> None:
+    """Card first the card holds the funds ($5.00) and the customer chooses a $3.25 product: the
+    sale that captured $3.25 is right, the one that captured the funds is not."""
+    sales = [
+        _sale("chosen", SaleState.COMPLETED, authorized_cents=500, captured_cents=325),
+        _sale("funds", SaleState.COMPLETED, authorized_cents=500, captured_cents=500),
+    ]
+    steps = {
+        "chosen": _steps("chosen", Step.CREATED, Step.DISPENSE_REQUEST, at=100),
+        "funds": _steps("funds", Step.CREATED, Step.DISPENSE_REQUEST, at=200),
+    }
+    rows = [_row("o-chosen", TransStatus.CAPTURED, 325), _row("o-funds", TransStatus.CAPTURED, 500)]
+    records = _vend(1, 101.5, cents=325) + _vend(2, 201.5, cents=325)
+    report = ChaosReport()
+
+    judge(report, sales, steps, rows, records)
+
+    assert [(v.kind, v.sale_id) for v in report.violations] == [("kept_wrong_amount", "funds")]
+    assert "500c kept for a 325c vend" in report.violations[0].text

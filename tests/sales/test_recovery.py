@@ -13,6 +13,7 @@ import pytest
 from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.sales.clock import FakeClock
 from kiosk_agent.sales.journal import Journal, SaleRecord
+from kiosk_agent.sales.late_vends import late_vended
 from kiosk_agent.sales.model import DispenseOutcome, DispenseStatus, Flow, SaleRequest, money_text
 from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.service.client import ServiceClient
@@ -761,3 +762,57 @@ async def test_the_terminal_takes_the_next_sale_while_recovery_captures_a_vend_i
     [event] = await clock.run(recovered, horizon=600)
     assert event.state is SaleState.COMPLETED, event.message
     assert event.captured_cents == (250 if flow == "card first" else 300)
+
+
+@pytest.mark.parametrize(
+    "left", ["silence", "rebooted", "card first", "card first unchosen", "said failed", "virtual"])
+async def test_a_vend_left_in_flight_and_never_heard_is_told_to_a_person(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path, left: str
+) -> None:
+    """Found by bench/chaos.py (2026-11-30, i40-chaos): an agent killed with a vend in flight
+    (``dispense.request`` journaled, C,VEND sent) whose machine said how it ended while no agent
+    listened. Recovery heard nothing and gave the money back: right for the money, but every
+    such sale in three runs had vended (6 of 6 in one, 6 of 9 in another) and no person was
+    told: not a late vend (none was heard), no problem in health. Now it is told as a
+    dispenser's error is: a ``late.vend`` note with ``unsure`` on the sale, and health's problem
+    line until a person acknowledges it. Not for a vend that cannot have been made: the machine
+    had said it failed, a card-first customer never chose, or the demo's machine, made anew
+    with each agent."""
+    source = "virtual:vending" if left == "virtual" else "test"
+    if left in ("card first", "card first unchosen"):
+        chose_ago = 0.5 if left == "card first" else None
+        sim, clock = await _card_first_left_dispensing(sim_factory, tmp_path, chose_ago=chose_ago)
+    else:
+        boot = "fake-boot-2" if left == "rebooted" else "fake-boot-1"
+        sim, clock = await _left_dispensing(sim_factory, tmp_path, boot, source=source)
+    if left == "said failed":
+        journal = Journal(tmp_path / "journal.db")
+        journal.open()
+        record = journal.get("crashed1")
+        assert record is not None
+        journal.record(record, Step.DISPENSE_RESULT,
+                       detail={"status": "failed", "vended_cents": 0, "detail": "vend failure"})
+        journal.close()
+    triggers = ("triggers: [{platform: virtual, name: vending, terminal: SIM-0001, "
+                "customers: false}]\n") if left == "virtual" else None
+    agent = await agent_factory(triggers or "", sim=sim, clock=clock)
+
+    [event] = await clock.run(agent.recovery.wait(), horizon=600)
+
+    assert event.state is SaleState.REVERSED, event.message
+    [row] = await rows(agent.service, "KACRASHED1")
+    assert row.status is TransStatus.VOIDED  # the money went back either way
+    noted = late_vended(agent.journal).get("crashed1")
+    problem = agent.sales.late_vends.problem()
+    if left in ("card first unchosen", "said failed", "virtual"):
+        assert noted is None
+        assert problem is None
+        return
+    assert noted is not None
+    assert noted.product == ("A2" if left == "card first" else "B1")
+    assert noted.unsure.startswith("the agent stopped mid-vend")
+    assert noted.text().startswith(f"may have dispensed {noted.product} ")
+    assert problem is not None
+    assert problem.startswith(
+        "1 product(s) that may have been dispensed (the agent stopped mid-vend), unpaid"), problem
+    assert "sale crashed1" in problem
