@@ -22,7 +22,7 @@ import pytest
 from kiosk_agent.cli import main
 from kiosk_agent.moments import display_clock, display_time, timestamp
 from kiosk_agent.platforms.mdb_protocol import VEND_SUCCESS_LINE
-from kiosk_agent.sales.clock import FakeClock
+from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock, FakeClock
 from kiosk_agent.sales.journal import Journal, SaleRecord
 from kiosk_agent.sales.late_vends import LATE_VEND_SHOWN, LateVendWatch
 from kiosk_agent.sales.model import Flow
@@ -271,12 +271,12 @@ async def test_a_vend_success_after_the_controller_ended_the_vend_reaches_a_pers
 
 async def _stopped_mid_vend(
     tmp_path: Path, sim_settings: Any, controller: VirtualController, trigger: dict[str, Any],
-    customer: Any,
+    customer: Any, clock: Clock = SYSTEM_CLOCK,
 ) -> tuple[asyncio.Task[Any], SaleRecord]:
     """``customer`` (a visit not yet started) asks for B1; once its sale is dispensing the agent
     stops (SIGTERM's drain runs out: the sale is parked dispensing) while the controller goes on
-    vending. The visit's task and the sale, as the journal holds it."""
-    async with running_agent(tmp_path, sim_settings, [trigger]) as first:
+    vending. The visit's task and the sale, as the journal holds it. ``clock``: the agent's."""
+    async with running_agent(tmp_path, sim_settings, [trigger], clock=clock) as first:
         await asyncio.wait_for(controller.wait_enabled(), 5)
         visit = asyncio.create_task(customer)
         async with asyncio.timeout(5):
@@ -284,7 +284,8 @@ async def _stopped_mid_vend(
                 await asyncio.sleep(0.005)
         [record] = first.journal.query()
         await until(lambda: first.journal.get(record.sale_id).state is SaleState.DISPENSING)
-        await first.sales.stop(grace=0.05)  # parked where it stands
+        # parked where it stands (a drain on an injected clock would wait for the test to move it)
+        await first.sales.stop(grace=0.05 if clock is SYSTEM_CLOCK else 0)
     return visit, record
 
 
@@ -455,13 +456,23 @@ async def test_a_vend_success_after_a_restart_mid_dispense_reaches_a_person(
     nothing, gives the money back and sets the adapter up; then the machine says VEND,SUCCESS
     (the product was dropping all along). Before, the new process knew no given-up vend: the
     success was a line with no vend pending, ignored, and nobody heard of the product gone out
-    unpaid."""
+    unpaid. Both starts run on one injected clock (the same boot) that the test moves past the
+    hearing's deadline once recovery listens: on the real clock a starved machine's second
+    start came after the deadline, and recovery gave the money back without listening."""
     trigger = {**_MACHINES[kind], "port": controller.port, "vend_timeout": 2.0}
     controller.options.dispense_time = 3600.0  # the machine is still dropping it
+    clock = FakeClock()
     visit, record = await _stopped_mid_vend(tmp_path, sim_settings, controller, trigger,
-                                            controller.customer("B1"))
+                                            controller.customer("B1"), clock=clock)
     sent = len(controller.received)
-    async with running_agent(tmp_path, sim_settings, [trigger]) as second:
+    async with running_agent(tmp_path, sim_settings, [trigger], clock=clock) as second:
+        await until(lambda: second.sales.listening_after_restart(record.sale_id) is not None)
+        vend = second.sales.restart_vend(record.sale_id)
+        assert vend is not None
+        assert vend.due == pytest.approx(clock.monotonic() + 2.0)  # none of its 2 s gone yet
+        await until(lambda: vend.due in clock.pending())  # recovery waits on its deadline
+        assert "C,0" not in controller.received[sent:]  # held back while recovery listens
+        await clock.advance_to(vend.due)  # nothing heard by the deadline: the hearing ends
         await asyncio.wait_for(second.recovery.wait(), 30)
         final = second.journal.get(record.sale_id)
         assert final is not None
