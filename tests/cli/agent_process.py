@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import sqlite3
 import sys
 import textwrap
@@ -151,6 +152,20 @@ class AgentProcess:
         if self._child is not None:
             await self._child.close()
             self._child = None
+
+
+def under_systemd(agent: AgentProcess, directory: Path) -> socket.socket:
+    """``agent`` started as systemd starts it (``NOTIFY_SOCKET``, no watchdog): the datagram
+    socket it tells READY=1 and STATUS= to, bound in ``directory``, for the test to read (its
+    ``sock_recv``) and close."""
+    path = str(directory / "notify")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    server.bind(path)
+    server.setblocking(False)
+    agent.env = {**agent.env, "NOTIFY_SOCKET": path}
+    agent.env.pop("WATCHDOG_USEC", None)
+    agent.env.pop("WATCHDOG_PID", None)
+    return server
 
 
 def states(journal: Path) -> dict[str, str]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import socket
 import sys
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ from .agent_process import (
     sale_in,
     states,
     steps_of,
+    under_systemd,
     write_config,
 )
 
@@ -184,13 +184,7 @@ async def test_under_systemd_ready_follows_the_recovery_of_the_sale_the_kill_lef
                           + "    vend_timeout: 6\n")
     killed = AgentProcess(config, sim)
     successor = AgentProcess(config, sim, log="successor.log", cold=True)  # its own sd_notify
-    path = str(tmp_path / "notify")
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    server.bind(path)
-    server.setblocking(False)
-    successor.env = {**successor.env, "NOTIFY_SOCKET": path}
-    successor.env.pop("WATCHDOG_USEC", None)
-    successor.env.pop("WATCHDOG_PID", None)
+    server = under_systemd(successor, tmp_path)
     loop = asyncio.get_running_loop()
     # (what the agent told systemd, the sale's state then, when: wall clock)
     said: list[tuple[str, str, float]] = []

@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import json
 import signal
-import socket
 import sqlite3
 import time
 import types
@@ -35,6 +34,7 @@ from .agent_process import (
     money_agrees,
     states,
     steps_of,
+    under_systemd,
     write_config,
 )
 
@@ -80,13 +80,7 @@ async def test_ready_waits_for_the_vend_heard_after_a_kill_and_captured(
     config = write_config(tmp_path, sim, journal, _machine(adapter.port, mode))
     killed = AgentProcess(config, sim)
     successor = AgentProcess(config, sim, log="successor.log", cold=True)  # its own sd_notify
-    path = str(tmp_path / "notify")
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    server.bind(path)
-    server.setblocking(False)
-    successor.env = {**successor.env, "NOTIFY_SOCKET": path}
-    successor.env.pop("WATCHDOG_USEC", None)
-    successor.env.pop("WATCHDOG_PID", None)
+    server = under_systemd(successor, tmp_path)
     loop = asyncio.get_running_loop()
     # (what the successor told systemd, the sale's state as the journal held it then)
     said: list[tuple[str, str | None]] = []
