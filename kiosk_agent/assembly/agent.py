@@ -249,6 +249,9 @@ class Agent:
         # while it listens for a vend a restart left in flight, its terminal takes no sale
         self.health.report_problem_of("restart hearing", self.recovery.listening_problem)
         self.recovery.on_listening_change = self.health.problem_changed
+        # ... and every face says the terminal is held, what recovery does there, until when
+        self.health.report_holds_of(self._recovery_holds)
+        self.sales.on_recovery_hold = self.health.problem_changed
         self.attention = AttentionSweeper(context, interval=sales_conf["attention_recheck"])
         # a step that cannot be written, a journal lost or damaged, a charge it does not hold
         self.unwritten = UnwrittenSales(self.journal, self.sales, self.recovery)
@@ -412,6 +415,11 @@ class Agent:
             len(open_ids),
             "; NOT ready to sell on " + ", ".join(not_started) if not_started else "",
         )
+
+    def _recovery_holds(self) -> dict[str, tuple[str, float | None]]:
+        """The terminals recovery holds after a restart, as health reads them."""
+        return {device_id: (hold.reason, hold.until)
+                for device_id, hold in self.sales.recovery_holds().items()}
 
     def _day_figures(self, day: dt.date) -> tuple[int, int] | None:
         """A day's completed sales as the journal counts them; None where it cannot be read."""

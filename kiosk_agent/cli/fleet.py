@@ -718,6 +718,8 @@ def format_health(report: dict[str, Any], now: float | None = None) -> str:
             out = unavailable_text(starting=bool(state.get("starting")), since=state["since"],
                                    reason=state.get("reason", ""))
             lines.append(f"card:     {state['device_id']:<12} {out}")
+        elif state.get("recovering"):  # in service, held by recovery: no new sale meanwhile
+            lines.append(f"card:     {state['device_id']:<12} HELD: {state['recovering']}")
     if snapshot.get("journal", {}).get("writable") is False:
         lines.append(f"journal:  NOT WRITABLE {snapshot['journal'].get('detail', '')}")
     for link in snapshot.get("links", []):

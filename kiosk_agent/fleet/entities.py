@@ -429,15 +429,23 @@ class TerminalEntity:
     config: dict[str, Any]
     # the field of the report's terminal_states[<terminal>] shown, as ON/OFF; None: no state
     reads: str | None = None
+    # fields of the report's terminal_states[<terminal>] shown as the entity's attributes
+    attributes: tuple[str, ...] = ()
 
     def for_terminal(self, device_id: str, name: str, key: str) -> Entity:
         config = dict(self.config)
         if self.reads is not None:
             state = f"value_json.terminal_states[{device_id!r}].{self.reads}"
             config["value_template"] = _ON_OFF.format(value=state)
+        if self.attributes:
+            # default(None): a report of an older version, retained, has no such field
+            fields = ", ".join(f"{field!r}: value_json.terminal_states[{device_id!r}].{field}"
+                               " | default(None)" for field in self.attributes)
+            config["json_attributes_template"] = f"{{{{ {{{fields}}} | tojson }}}}"
         stateless = self.reads is None
         return Entity(self.component, f"{self.key_prefix}{key}", f"{self.name_prefix}{name}",
-                      config, expires=not stateless, stateless=stateless)
+                      config, expires=not stateless, stateless=stateless,
+                      attributes=bool(self.attributes))
 
 
 # A terminal's connectivity and whether it takes cards now (out of service: off).
@@ -453,9 +461,11 @@ TERMINAL_ENTITIES: tuple[TerminalEntity, ...] = (
         "binary_sensor",
         "card_payments_",
         "Card payments ",
-        # running: takes cards now; off while out of service
+        # running: takes cards now; off while out of service, and while recovery holds the
+        # terminal after a restart (a sale there is refused): why, and until when, as attributes
         {"device_class": "running", "icon": "mdi:credit-card-check-outline"},
-        reads="available",
+        reads="takes_cards",
+        attributes=("reason", "until"),
     ),
 )
 

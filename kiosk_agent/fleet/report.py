@@ -76,15 +76,24 @@ def audit_state(snapshot: HealthSnapshot) -> dict[str, Any] | None:
     }
 
 
-def terminal_states(snapshot: HealthSnapshot) -> dict[str, dict[str, bool | None]]:
-    """Per terminal: online (None: not checked yet) and whether it takes cards now."""
-    available = {a.device_id: a.available for a in snapshot.availability}
-    states: dict[str, dict[str, bool | None]] = {}
-    for device_id in sorted({t.device_id for t in snapshot.terminals} | set(available)):
+def terminal_states(snapshot: HealthSnapshot) -> dict[str, dict[str, Any]]:
+    """Per terminal: online (None: not checked yet), in service (``available``) and whether it
+    takes a card now (``takes_cards``: in service and not held by recovery after a restart,
+    whose sale there is refused), with why not (``reason``, "" when it does) and until when
+    (``until``, ISO 8601 UTC, while recovery listens for a vend a restart left; else None)."""
+    availability = {a.device_id: a for a in snapshot.availability}
+    states: dict[str, dict[str, Any]] = {}
+    for device_id in sorted({t.device_id for t in snapshot.terminals} | set(availability)):
         terminal = next((t for t in snapshot.terminals if t.device_id == device_id), None)
+        state = availability.get(device_id)
+        held = state is not None and state.available and bool(state.recovering)
+        until = state.recovering_until if held and state is not None else None
         states[device_id] = {
             "online": terminal.online if terminal is not None else None,
-            "available": available.get(device_id),
+            "available": state.available if state is not None else None,
+            "takes_cards": (state.available and not held) if state is not None else None,
+            "reason": (state.recovering if held else state.reason) if state is not None else "",
+            "until": iso(until) if until is not None else None,
         }
     return states
 

@@ -146,6 +146,11 @@ class AvailabilityHealth(_Model):
     failing: str = ""
     # out while the agent starts (``reason`` says for what): no outage, no problem
     starting: bool = False
+    # in service, but recovery holds it after a restart (a sale the last stop or crash left
+    # open on it): no new sale until it lets go. What it does, for people (empty: no hold),
+    # and when it ends at the latest (a vend's timeout; None: not known)
+    recovering: str = ""
+    recovering_until: WallTime | None = None
 
 
 class SalesHealth(_Model):
@@ -269,6 +274,8 @@ class Health:
         # the drain's end (Unix time) and how many sales it still waits for, once stopping
         self._stopping: tuple[float, Callable[[], int]] | None = None
         self._audit: AuditHealth | None = None
+        # terminal -> (what recovery does there, until when or None): read at each snapshot
+        self._holds: Callable[[], Mapping[str, tuple[str, float | None]]] | None = None
 
     def on_change(self, listener: Callable[[], object]) -> Callable[[], None]:
         """Call ``listener()`` after every report that may change the status or the problems
@@ -447,6 +454,14 @@ class Health:
         a fact they must look at (a product dispensed after its sale gave up waiting)."""
         self._problem_sources[part] = problem
 
+    def report_holds_of(
+        self, holds: Callable[[], Mapping[str, tuple[str, float | None]]]
+    ) -> None:
+        """Read the terminals recovery holds after a restart as ``holds()`` (terminal -> what
+        it does there, until when) at every snapshot: in service, yet refusing new sales, and
+        every face says so beside its availability (``recovering``)."""
+        self._holds = holds
+
     def count_late_vends_of(self, counts: Callable[[], tuple[int, int]]) -> None:
         """Read the late vends not yet acknowledged as ``counts()`` (heard, maybe dispensed)
         at every snapshot: the figures the problem's words say, as numbers for the faces."""
@@ -597,6 +612,12 @@ class Health:
             day_started_at=day_start(self._today),
         )
         availability = sorted(self._availability.values(), key=lambda a: a.device_id)
+        holds = self._holds() if self._holds is not None else None
+        if holds:
+            availability = [
+                a.model_copy(update={"recovering": redact(holds[a.device_id][0]),
+                                     "recovering_until": holds[a.device_id][1]})
+                if a.device_id in holds else a for a in availability]
         errors = {part: n for part, count in sorted(self._error_counts.items()) if (n := count())}
         status, problems = self._judge(service, terminals, links, sales, availability)
         stopping = self.stopping_text()

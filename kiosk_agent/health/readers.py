@@ -17,10 +17,14 @@ def availability(snapshot: dict[str, Any]) -> dict[str, Any]:
     lost ping must not take a reader off the bus) counted as one that cannot, with its trouble:
     "2 of 2 can take cards" beside an OFFLINE terminal would be a lie for that moment.
     A terminal out while the agent starts says so (``starting``, its reason "starting: ...").
+    A terminal in service that recovery holds after a restart (``recovering``: a sale the last
+    stop or crash left open on it) takes no new sale meanwhile, and is one that cannot, saying
+    what recovery does there and until when (``until``: Unix time, or None when not known).
     ``level`` is ``ok`` when all can, ``degraded`` when some cannot, ``down`` when none can."""
     states = snapshot.get("availability") or []
     names = {t["device_id"]: t.get("name") for t in snapshot.get("terminals", [])}
-    out = [s for s in states if not s.get("available", True) or s.get("failing")]
+    out = [s for s in states
+           if not s.get("available", True) or s.get("failing") or s.get("recovering")]
     able = len(states) - len(out)
     if not states:
         return {"available": False, "level": "down", "summary": "no reader checked yet",
@@ -33,6 +37,7 @@ def availability(snapshot: dict[str, Any]) -> dict[str, Any]:
             "reason": _cannot_reason(s),
             "since": s.get("since") if not s.get("available", True) else None,
             "starting": bool(s.get("starting")),
+            "until": s.get("recovering_until") if _held(s) else None,
         }
         for s in out
     ]
@@ -49,7 +54,14 @@ def availability(snapshot: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _held(state: dict[str, Any]) -> bool:
+    """In service, but held by recovery: what it does there is why it cannot."""
+    return bool(state.get("available", True) and state.get("recovering"))
+
+
 def _cannot_reason(state: dict[str, Any]) -> str:
+    if _held(state):
+        return str(state["recovering"])
     if state.get("available", True):
         return f"{state['failing']} (checked again before it is taken out of service)"
     reason = state.get("reason") or "unavailable"

@@ -70,6 +70,7 @@ from kiosk_agent.sales.model import (
     DispenseStatus,
     Flow,
     JournalError,
+    RecoveryHolds,
     SaleEvent,
     SaleRequest,
     Step,
@@ -430,8 +431,14 @@ class KioskApi:
         if availability is None:
             return {"available": True, "reason": "", "terminal": self.config.get("terminal")}
         state = availability.state(self.config.get("terminal"))
-        return {"available": state.available, "reason": state.reason, "terminal": state.device_id,
-                "since": state.since}
+        shown = {"available": state.available, "reason": state.reason,
+                 "terminal": state.device_id, "since": state.since, "recovering": False}
+        holds = getattr(self.agent.sales, "recovery_hold", None)
+        hold = holds(state.device_id) if holds is not None and state.available else None
+        if hold is not None:  # in service, but a sale there is refused (409) until it ends
+            shown.update(available=False, reason=hold.reason, recovering=True,
+                         until=None if hold.until is None else round(hold.until, 3))
+        return shown
 
     def _follow(self, event: SaleEvent) -> None:
         """Keep this app's latest step of each sale (a listener: called as each is published)."""
@@ -514,6 +521,8 @@ class KioskApi:
             sale = await self.agent.sales.start(sale_request, dispenser)
         except AgentStopping as err:  # the stop began while this request was read
             return self._stopping(err.until)
+        except RecoveryHolds as err:  # a sale the last stop or crash left there, finished
+            return self._recovering(err)
         except TerminalBusy as err:  # another sale, or recovery
             return _error(409, "terminal_busy", "terminal", str(err))
         except UnknownTerminal as err:
@@ -549,6 +558,20 @@ class KioskApi:
         return web.json_response(
             body, status=503, headers={"Retry-After": str(max(1, math.ceil(left)))}
         )
+
+    def _recovering(self, err: RecoveryHolds) -> web.Response:
+        """409 ``terminal_busy`` while recovery holds the terminal after a restart, saying so
+        (``recovering: true``, ``reason``) and, while it listens for a vend the last run left in
+        flight, until when (``until``, Unix time; ``Retry-After``): the app shows "one moment"
+        and asks again then, not "card payment unavailable"."""
+        body: dict[str, Any] = {"error": "terminal_busy", "field": "terminal",
+                                "message": str(err), "recovering": True,
+                                "reason": err.reason, "terminal": err.terminal}
+        headers = {}
+        if err.until is not None:
+            body["until"] = round(err.until, 3)  # Unix time, as each step's "at"
+            headers["Retry-After"] = str(max(1, math.ceil(err.until - time.time())))
+        return web.json_response(body, status=409, headers=headers)
 
     def _journal_refusal(self, err: Exception) -> web.Response:
         self.refused_out_of_service += 1

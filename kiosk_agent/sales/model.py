@@ -123,6 +123,18 @@ class AgentStopping(TerminalBusy):
         super().__init__(terminal, STOPPING)
 
 
+class RecoveryHolds(TerminalBusy):
+    """A trigger arrived for a terminal recovery still holds after a restart (a sale the last
+    stop or crash left open, being finished): refused at once, saying so. ``until``: when the
+    hold ends at the latest (Unix time), while recovery listens for a vend that sale left in
+    flight (its vend timeout); None when it finishes an open sale's money, which has no
+    deadline to tell. A kiosk app shows "one moment" and asks again then."""
+
+    def __init__(self, terminal: str, reason: str, until: float | None) -> None:
+        self.until = until
+        super().__init__(terminal, reason)
+
+
 class UnknownTerminal(ValueError):
     """A sale named a terminal the configuration does not have."""
 

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kiosk_agent.data_class import data_class
+from kiosk_agent.moments import display_clock
 from kiosk_agent.money import format_cents
 from kiosk_agent.sales.journal import JournalError, SaleMoved, SaleRecord
 from kiosk_agent.sales.late_vends import LateVendWatch
@@ -35,6 +36,7 @@ from kiosk_agent.sales.model import (
     Dispenser,
     Flow,
     PriceAboveMaximum,
+    RecoveryHolds,
     SaleEvent,
     SaleRequest,
     TerminalBusy,
@@ -148,6 +150,26 @@ class RestartVend:
     terminal: str  # it takes no new sale meanwhile (recovery holds it; health says so)
     # what the machine said (restart_vend_heard), or None once recovery stops listening
     heard: asyncio.Future[DispenseOutcome | None]
+    until: float = 0.0  # ``due`` on the wall clock (Unix time), for people: health, the 409
+
+
+@data_class(frozen=True, slots=True)
+class RecoveryHold:
+    """Recovery holds a terminal after a restart (a sale the last stop or crash left open that
+    held it): new sales on it are refused until recovery lets it go. What every face says of
+    it (health, the status page, ``kiosk-agent health``, Home Assistant, the kiosk API)."""
+
+    terminal: str
+    reason: str  # for people: what recovery does there, and until when when that is known
+    # Unix time: the end of the vend timeout while recovery listens for a vend that sale left
+    # in flight; None while it finishes an open sale's money (no deadline to tell)
+    until: float | None
+
+
+def restart_hearing_text(sale_id: str, until: float) -> str:
+    """The words of a terminal held while recovery listens for a vend a restart left."""
+    return (f"recovering: listening for the vend result of sale {sale_id[:8]}, left in flight "
+            f"by the last stop or crash, until {display_clock(until)}")
 
 
 class TriggerLimits:
@@ -185,6 +207,9 @@ class SaleRunner:
         self._live: dict[str, tuple[SaleFlow, Sale]] = {}  # sale_id -> every sale not ended
         # device_id -> who refuses its new sales (recovery, the unwritten sales) -> why
         self._blocked: dict[str, dict[str, str]] = {}
+        # told when recovery takes or lets go of a terminal (the agent: health.problem_changed,
+        # so every face hears it at once: recovery_hold)
+        self.on_recovery_hold: Callable[[], None] | None = None
         self._stopping = False
         self.stopping_until: float | None = None  # the drain's end (Unix time), once closed
         self.limits = TriggerLimits()
@@ -243,7 +268,9 @@ class SaleRunner:
         or crash) until ``due``: its future gets what the machine says
         (:meth:`restart_vend_heard`), or None once recovery stops listening
         (:meth:`stop_listening`)."""
-        vend = RestartVend(due, cents, terminal, asyncio.get_running_loop().create_future())
+        clock = self.context.clock
+        vend = RestartVend(due, cents, terminal, asyncio.get_running_loop().create_future(),
+                           until=clock.time() + (due - clock.monotonic()))
         self._restart_vends[sale_id] = vend
         return vend
 
@@ -319,16 +346,51 @@ class SaleRunner:
             return f"sale {flow.record.sale_id} is {flow.record.state.value}"
         return None
 
+    def recovery_hold(self, device_id: str) -> RecoveryHold | None:
+        """How recovery holds ``device_id`` now (None: it does not): listening for a vend the
+        last stop or crash left on it (until that vend's timeout), or finishing a sale left
+        open on it. Read by health's snapshot and by a refused start (the kiosk API's 409)."""
+        blocked = self._blocked.get(device_id)
+        reason = blocked.get("recovery") if blocked else None
+        if reason is None:
+            return None
+        listened = [(vend.until, sale_id) for sale_id, vend in self._restart_vends.items()
+                    if vend.terminal == device_id and not vend.heard.done()]
+        if listened:
+            until, sale_id = max(listened)
+            return RecoveryHold(device_id, restart_hearing_text(sale_id, until), until)
+        sale = reason.removeprefix("recovering ")
+        return RecoveryHold(device_id, f"recovering: finishing {sale}, left open by the last "
+                            "stop or crash", None)
+
+    def recovery_holds(self) -> dict[str, RecoveryHold]:
+        """:meth:`recovery_hold` of every terminal recovery holds now (health's snapshot)."""
+        return {device_id: hold for device_id in self._blocked
+                if (hold := self.recovery_hold(device_id)) is not None}
+
+    def _refusal(self, device_id: str, reason: str) -> TerminalBusy:
+        """Why a start on a busy terminal is refused: recovery's hold says what it does and
+        until when (a kiosk app shows "one moment"), any other as before."""
+        blocked = self._blocked.get(device_id)
+        hold = self.recovery_hold(device_id)
+        if hold is None or blocked is None or reason != blocked.get("recovery"):
+            return TerminalBusy(device_id, reason)
+        return RecoveryHolds(device_id, hold.reason, hold.until)
+
     def block(self, device_id: str, reason: str, by: str) -> None:
         """Refuse new sales on a terminal (``by`` recovery finishing an old sale on it, say)."""
         self._blocked.setdefault(device_id, {})[by] = reason
+        if by == "recovery" and self.on_recovery_hold is not None:
+            self.on_recovery_hold()
 
     def unblock(self, device_id: str, by: str) -> None:
         """``by`` no longer refuses the terminal's sales; another may still (each its own)."""
         blocked = self._blocked.get(device_id, {})
-        blocked.pop(by, None)
+        held = blocked.pop(by, None) is not None
         if not blocked:
             self._blocked.pop(device_id, None)
+        if held and by == "recovery" and self.on_recovery_hold is not None:
+            self.on_recovery_hold()
 
     async def start(self, request: SaleRequest, dispenser: Dispenser) -> Sale:
         """Journal a new sale and start its flow; TerminalBusy at once if the terminal is taken."""
@@ -337,7 +399,7 @@ class SaleRunner:
             raise AgentStopping(device, self.stopping_until)
         reason = self.busy_reason(device)
         if reason is not None:
-            raise TerminalBusy(device, reason)
+            raise self._refusal(device, reason)
         if isinstance(request.amount_cents, bool) or not isinstance(request.amount_cents, int):
             raise TypeError(f"amount_cents must be integer cents, got {request.amount_cents!r}")
         if request.amount_cents <= 0:

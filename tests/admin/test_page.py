@@ -305,7 +305,7 @@ def test_availability_counts_the_readers_that_can_take_cards_and_names_the_rest(
     assert alone["summary"] == "0 of 1 reader can take cards"
     assert alone["cannot"] == [
         {"device_id": "A", "name": "x", "reason": "terminal A is offline", "since": 1.0,
-         "starting": False}
+         "starting": False, "until": None}
     ]
     # one usable terminal keeps the machine selling, but it is not "available" in green:
     # degraded, 1 of 2, and the other's trouble is named
@@ -330,10 +330,30 @@ def test_a_reader_failing_its_checks_during_the_hold_off_is_not_counted_as_takin
     assert shown["summary"] == "1 of 2 readers can take cards"
     assert shown["level"] == "degraded"
     assert shown["cannot"] == [{
-        "device_id": "A", "name": None, "since": None, "starting": False,
+        "device_id": "A", "name": None, "since": None, "starting": False, "until": None,
         "reason": "terminal offline: ping timed out (checked again before it is taken out of "
                   "service)",
     }]
+
+
+def test_a_reader_recovery_holds_after_a_restart_is_not_counted_as_taking_cards() -> None:
+    # In service (its reader not stepped aside), but recovery listens for a vend a restart
+    # left on it: a sale there is refused until then, so it cannot take cards, and says why
+    held = {"device_id": "A", "available": True, "reason": "", "since": 1.0,
+            "recovering": "recovering: listening for the vend result of sale 1a7e0001, left "
+                          "in flight by the last stop or crash, until 10:15:30Z",
+            "recovering_until": 1796000130.0}
+    on = {"device_id": "B", "available": True, "reason": "", "since": 1.0, "recovering": ""}
+    shown = availability({"availability": [held, on]})
+    assert shown["summary"] == "1 of 2 readers can take cards"
+    assert shown["cannot"] == [{
+        "device_id": "A", "name": None, "since": None, "starting": False,
+        "until": 1796000130.0, "reason": held["recovering"],
+    }]
+    # out of service says that first: its reason is why it cannot, whatever recovery does
+    out = {**held, "available": False, "reason": "terminal offline"}
+    [cannot] = availability({"availability": [out]})["cannot"]
+    assert (cannot["reason"], cannot["until"]) == ("terminal offline", None)
 
 
 def test_a_reader_out_while_the_agent_starts_says_starting() -> None:
@@ -342,7 +362,7 @@ def test_a_reader_out_while_the_agent_starts_says_starting() -> None:
     shown = availability({"availability": [waiting]})
     assert shown["summary"] == "0 of 1 reader can take cards"
     assert shown["cannot"] == [{
-        "device_id": "A", "name": None, "since": 1.0, "starting": True,
+        "device_id": "A", "name": None, "since": 1.0, "starting": True, "until": None,
         "reason": "starting: journal: reading its file whole before money moves on it",
     }]
     ready = {"device_id": "A", "available": True, "since": 2.0, "reason": ""}

@@ -257,7 +257,8 @@ def test_every_template_reads_fields_the_report_has() -> None:
     for stamp in (report["started"], report["reported"], report["service"]["key_expires"]):
         assert stamp.endswith("Z")
         assert dt.datetime.fromisoformat(stamp).utcoffset() == dt.timedelta(0)
-    assert report["terminal_states"] == {"SIM-0001": {"online": True, "available": None}}
+    assert report["terminal_states"] == {"SIM-0001": {
+        "online": True, "available": None, "takes_cards": None, "reason": "", "until": None}}
 
 
 def test_terminals_whose_ids_slug_alike_keep_an_entity_each() -> None:
