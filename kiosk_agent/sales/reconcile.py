@@ -80,6 +80,11 @@ class TransactionLookup:
     # of a refunded or partly refunded charge: its refunds' own rows' amounts, the latest
     # (``reverse_trans_id``'s) last; empty when reporting shows none, or one it cannot read
     refunds_cents: tuple[int, ...] = ()
+    # who gave it back, as the service names them (``user_identifier``): of the latest
+    # refund's own row, or of the voided row; "" when that row names no one, None when no
+    # such row was found (a refund's row reporting does not show). The agent names itself
+    # on each of its give-backs (sales/steps.py ``agent_user``)
+    given_back_by: str | None = None
 
 
 class Reconciler:
@@ -211,11 +216,15 @@ class Reconciler:
         status = row.status
         reverse_id = None
         refunds: tuple[int, ...] = ()
+        by = (row.user_identifier or "") if status is TransStatus.VOIDED else None
         if status in _REVERSED or status is _PARTLY_HELD:
             related = await self._rows(TransactionFilter(related_trans_id=trans_id)) or []
             back = self._asked(related, trans_id, key=lambda r: r.related_trans_id,
                                same=trans_key)
-            reverse_id = _last_refund(back).trans_id if back else trans_id
+            last = _last_refund(back) if back else None
+            reverse_id = last.trans_id if last is not None else trans_id
+            if last is not None and status is not TransStatus.VOIDED:
+                by = last.user_identifier or ""
             own = _refunds_in_order(back)
             if all(r.status is not None and r.amount_cents >= 0 for r in back):
                 refunds = tuple(r.amount_cents for r in own)
@@ -229,6 +238,7 @@ class Reconciler:
             reverse_trans_id=reverse_id,
             amount_cents=row.amount_cents,
             refunds_cents=refunds,
+            given_back_by=by,
         )
 
 

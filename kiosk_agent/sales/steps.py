@@ -21,6 +21,7 @@ from kiosk_agent.bus import EventBus
 from kiosk_agent.data_class import data_class, maker_from
 from kiosk_agent.moments import display_clock
 from kiosk_agent.money import format_cents
+from kiosk_agent.redact import redact
 from kiosk_agent.sales.answers import WaitingCustomers
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.deadlines import AnswerDeadlines
@@ -79,6 +80,28 @@ def unknown_outcome(call: str, err: ServiceError) -> str:
     if isinstance(err, InvalidResponseError):
         return f"the {call}'s answer could not be read ({err})"
     return f"the {call}'s answer was lost ({err})"
+
+
+def agent_user(unit: OwnUnit) -> str:
+    """The name the agent gives itself on each void and refund it sends (the service's
+    ``user_identifier``, "user that initiated the activity"), so that a give-back found later
+    in reporting tells the agent's from a person's: ``kiosk-agent <unit id>``."""
+    return f"kiosk-agent {unit.id}"
+
+
+def given_back_by(by: str | None, unit: OwnUnit) -> str:
+    """Who gave money back, in a sale's words, as reporting names them (``user_identifier``
+    of the refund's row, or of the voided row): `` by the agent`` when it names this unit's
+    agent; another name quoted, said not the agent's; nothing named, someone else's (the agent
+    names itself on every give-back it sends). "" when reporting shows no such row."""
+    if by is None:
+        return ""
+    if by == agent_user(unit):
+        return " by the agent"
+    shown = redact("".join(c for c in by.strip() if c.isprintable())[:64])
+    if not shown:
+        return " by someone else (reporting names no one)"
+    return f" by {shown!r} (not the agent)"
 
 
 def give_back_failed(err: ServiceError) -> str:
@@ -415,7 +438,7 @@ class SaleSteps:
             changes.update(self._charge_fields(lookup.trans_id, held))
             event = self.given_back(
                 name, undecided, why, back.reverse_trans_id or lookup.trans_id, cents,
-                voided=not lookup.refunded, held=held, **changes,
+                voided=not lookup.refunded, held=held, by=back.given_back_by, **changes,
             )
         await self._deny(why)
         return event
@@ -623,7 +646,8 @@ class SaleSteps:
         self.step(Step.REVERSE_REQUEST, SaleState.REVERSING, why, detail=detail)
         for attempt in (1, 2):
             try:
-                result = await self.service.payments.void_or_refund(trans_id, rest)
+                result = await self.service.payments.void_or_refund(
+                    trans_id, rest, user_identifier=agent_user(self.context.unit))
             except _REVERSE_UNCLEAR as err:
                 lookup = await self.reconciler.transaction_state(trans_id)
                 if rest is not None and isinstance(err, BadRequestError):
@@ -783,16 +807,17 @@ class SaleSteps:
             # on its way (2026-11-30: said as the journal had them when it looked)
             held = refunds[-1]
             return self.given_back(done, undecided, why, lookup.reverse_trans_id, held,
-                                   voided=False, held=held, before=cents - held, **changes)
+                                   voided=False, held=held, before=cents - held,
+                                   by=lookup.given_back_by, **changes)
         if cents is not None and before:
             cents = max(0, cents - before)
         return self.given_back(done, undecided, why, lookup.reverse_trans_id, cents,
-                               voided=not lookup.refunded, **changes)
+                               voided=not lookup.refunded, by=lookup.given_back_by, **changes)
 
     def given_back(
         self, done: Step, undecided: Step, why: str, reverse_trans_id: str | None,
         cents: int | None, voided: bool, held: int | None = None, before: int | None = None,
-        **changes: Any,
+        by: str | None = None, **changes: Any,
     ) -> SaleEvent:
         """The end of a sale whose give-back an answer or reporting shows made, for ``cents``
         (None: no figure named, the money held). A void releases the whole hold: a voided row
@@ -801,7 +826,9 @@ class SaleSteps:
         again on its own; a person decides (``undecided``), told what reporting shows.
         ``held``: the money the charge held, where the journal does not hold it yet (a charge
         found given back). ``before``: what had been refunded before the agent's give-back,
-        where reporting's rows say it otherwise than the journal (with ``held``, the rest)."""
+        where reporting's rows say it otherwise than the journal (with ``held``, the rest).
+        ``by``: who gave it back, as reporting names them (a give-back found there, not one
+        the agent heard answered): said beside the amount (:func:`given_back_by`)."""
         if before is None:
             before = 0 if held is not None else self.record.reversed_cents
         held = self._held_cents if held is None else held
@@ -818,7 +845,7 @@ class SaleSteps:
                 "voided row)")
         else:
             amount, shown = cents, ""
-        how = "voided" if voided else "refunded"
+        how = ("voided" if voided else "refunded") + given_back_by(by, self.context.unit)
         if not voided and not self.record.captured_cents and "captured_cents" not in changes:
             # a refund gives back a capture: the charge was taken, whatever the flow asked
             # (2026-11-30: a charge found refunded read "$3.00 hold released", captured 0,

@@ -149,7 +149,10 @@ class Payments:
             raise bad_request(
                 f"amount {amount} is above the transaction's {original} cents", "amount_exceeds"
             )
-        voided = self._ledger.update(row["trans_id"], trans_status_id=TransStatus.VOIDED)
+        # a void has no row of its own: the voided row names who voided it (the interface's
+        # "user that initiated the activity"; docs/interface-choices.md), None when not said
+        voided = self._ledger.update(row["trans_id"], trans_status_id=TransStatus.VOIDED,
+                                     user_identifier=user or None)
         return _reversal_answer(voided, "Voided", original, user)
 
     def _refund(self, row: dict[str, Any], amount: int | None, user: str) -> dict[str, Any]:
