@@ -774,9 +774,11 @@ def health_changes(before: dict[str, Any] | None, after: dict[str, Any]) -> list
     was = {a["device_id"]: a for a in before.get("availability") or []}
     for state in after.get("availability") or []:
         device, earlier = state["device_id"], was.get(state["device_id"])
-        if earlier is None or earlier.get("available") == state.get("available"):
+        if earlier is None or _takes(earlier) == _takes(state):
             continue
-        if state.get("available"):
+        if state.get("available") and state.get("recovering"):  # in service, held: no sale
+            text = f"{device} cannot take cards: {state['recovering']}"
+        elif state.get("available"):
             text = f"{device} can take cards" + ("" if earlier.get("starting") else " again")
         elif state.get("starting"):
             text = f"{device} cannot take cards yet: starting: {state.get('reason')}"
@@ -784,6 +786,12 @@ def health_changes(before: dict[str, Any] | None, after: dict[str, Any]) -> list
             text = f"{device} cannot take cards: {state.get('reason') or 'unavailable'}"
         notes.append(_note("availability", text, device))
     return notes
+
+
+def _takes(state: dict[str, Any]) -> tuple[bool, str]:
+    """Whether a reader takes cards, and what recovery holds it for (health's availability):
+    a change of either is one the event log says."""
+    return bool(state.get("available")), str(state.get("recovering") or "")
 
 
 _ATTENTION = re.compile(r"^(\d+) sale\(s\) need attention$")

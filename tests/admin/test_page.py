@@ -354,6 +354,16 @@ def test_a_reader_recovery_holds_after_a_restart_is_not_counted_as_taking_cards(
     out = {**held, "available": False, "reason": "terminal offline"}
     [cannot] = availability({"availability": [out]})["cannot"]
     assert (cannot["reason"], cannot["until"]) == ("terminal offline", None)
+    # the event log (the page's, `kiosk-agent events`): the hold taken and let go, once each
+    free = {**held, "recovering": "", "recovering_until": None}
+    base = {"status": "ok", "problems": []}
+    assert health_notes({**base, "availability": [free]}, {**base, "availability": [held]}) == [
+        f"A cannot take cards: {held['recovering']}"
+    ]
+    assert health_notes({**base, "availability": [held]}, {**base, "availability": [held]}) == []
+    assert health_notes({**base, "availability": [held]}, {**base, "availability": [free]}) == [
+        "A can take cards again"
+    ]
 
 
 def test_a_reader_out_while_the_agent_starts_says_starting() -> None:
