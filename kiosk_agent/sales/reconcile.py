@@ -85,6 +85,8 @@ class TransactionLookup:
     # such row was found (a refund's row reporting does not show). The agent names itself
     # on each of its give-backs (sales/steps.py ``agent_user``)
     given_back_by: str | None = None
+    # who made each of ``refunds_cents``, as its row names them ("" when it names no one)
+    refunds_by: tuple[str, ...] = ()
 
 
 class Reconciler:
@@ -216,6 +218,7 @@ class Reconciler:
         status = row.status
         reverse_id = None
         refunds: tuple[int, ...] = ()
+        refunds_by: tuple[str, ...] = ()
         by = (row.user_identifier or "") if status is TransStatus.VOIDED else None
         if status in _REVERSED or status is _PARTLY_HELD:
             related = await self._rows(TransactionFilter(related_trans_id=trans_id)) or []
@@ -228,6 +231,7 @@ class Reconciler:
             own = _refunds_in_order(back)
             if all(r.status is not None and r.amount_cents >= 0 for r in back):
                 refunds = tuple(r.amount_cents for r in own)
+                refunds_by = tuple(r.user_identifier or "" for r in own)
         return TransactionLookup(
             known=True,
             authorized=status is TransStatus.AUTHORIZED,
@@ -239,6 +243,7 @@ class Reconciler:
             amount_cents=row.amount_cents,
             refunds_cents=refunds,
             given_back_by=by,
+            refunds_by=refunds_by,
         )
 
 

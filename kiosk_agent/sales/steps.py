@@ -104,6 +104,15 @@ def given_back_by(by: str | None, unit: OwnUnit) -> str:
     return f" by {shown!r} (not the agent)"
 
 
+def refund_of(by: str, unit: OwnUnit) -> str:
+    """Whose one refund among several was, after its amount: `` (the agent's)``, `` ('jane')``,
+    `` (no one named)``."""
+    if by == agent_user(unit):
+        return " (the agent's)"
+    shown = redact("".join(c for c in by.strip() if c.isprintable())[:64])
+    return f" ({shown!r})" if shown else " (no one named)"
+
+
 def give_back_failed(err: ServiceError) -> str:
     """Why a void or refund gave nothing back that the agent knows of, as what happened: a
     429 is the service asking to wait and a 5xx its failure, a lost or unreadable answer no
@@ -702,8 +711,16 @@ class SaleSteps:
         refunds = lookup.refunds_cents
         each = ", ".join(format_cents(c) for c in refunds)
         if lookup.reversed:
+            unit = self.context.unit
+            whose = [refund_of(by, unit) for by in lookup.refunds_by] if len(
+                lookup.refunds_by) == len(refunds) else [""] * len(refunds)
+            named = ", ".join(f"{format_cents(c)}{who}" for c, who in zip(refunds, whose,
+                                                                         strict=True))
+            none_ours = " (the agent's)" not in whose  # the journal says none was sent before
             found = (f"reporting shows it {'refunded' if lookup.refunded else 'voided'}"
-                     + (f" by refunds of {each}, none of them the agent's" if refunds else ""))
+                     + (f" by refunds of {named}"
+                        + (", none of them the agent's" if none_ours else "")
+                        if refunds else given_back_by(lookup.given_back_by, unit)))
         elif lookup.partly_refunded and refunds and lookup.amount_cents:
             found = (f"reporting shows {format_cents(sum(refunds))} of it refunded in all "
                      f"({each}), {format_cents(max(0, lookup.amount_cents - sum(refunds)))} "

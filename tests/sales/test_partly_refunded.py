@@ -380,7 +380,9 @@ async def test_a_person_refunding_while_the_agent_gives_back_the_whole_is_told_i
 
 @pytest.mark.parametrize(("persons", "found"), [
     (50, "reporting shows $1.50 of it refunded in all ($1.00, $0.50), $1.50 left on it"),
-    (200, "reporting shows it refunded by refunds of $1.00, $2.00, none of them the agent's"),
+    # who made each, as reporting's rows name them (2026-11-30, i41-faces: not said)
+    (200, "reporting shows it refunded by refunds of $1.00 (no one named), $2.00 (no one "
+          "named), none of them the agent's"),
 ])
 async def test_a_person_refunding_while_the_agent_names_the_rest_ends_with_a_person(
     agent_factory: Any, sim_factory: Any, tmp_path: Path, persons: int, found: str
