@@ -63,6 +63,12 @@ async def test_a_persons_refund_while_the_agent_was_down_is_said_to_be_theirs(
     assert record.reverse_trans_id == persons.trans_id
     assert "$3.00 refunded by 'jane' (not the agent)" in record.message, record.message
     assert "by the agent" not in record.message
+    # `kiosk-agent sales show` (the page's sale, the admin API's) says the same words
+    from kiosk_agent.cli.sales import sale_text
+
+    shown = sale_text(record, agent.journal.steps("crashed1"))
+    assert "$3.00 refunded by 'jane' (not the agent)" in shown
+    assert "nothing charged ($3.00 given back)" in shown  # the money, as before
     [refund] = [r for r in await rows(agent.service, "KACRASHED1")
                 if r.status is TransStatus.REFUND]
     assert refund.user_identifier == "jane"  # the service's own row, as the words say
