@@ -144,10 +144,12 @@ async def test_every_face_says_recovery_holds_the_terminal_and_until_when(
             from kiosk_agent.cli.fleet import format_health
             from kiosk_agent.health.readers import availability
 
-            lines = format_health(report).splitlines()
-            assert any(line.startswith(f"card:     {terminal}") and "HELD" in line
-                       and words in line for line in lines), lines
-            shown = availability(second.health.snapshot().model_dump(mode="json"))
+            snapshot = second.health.snapshot().model_dump(mode="json")  # /api/health's
+            for read in (report, snapshot):  # `fleet show`, and `kiosk-agent health`
+                lines = format_health(read).splitlines()
+                assert any(line.startswith(f"card:     {terminal}") and "HELD" in line
+                           and words in line for line in lines), lines
+            shown = availability(snapshot)
             assert shown["summary"] == "0 of 1 reader can take cards", shown
             [cannot] = shown["cannot"]
             assert words in cannot["reason"], cannot
