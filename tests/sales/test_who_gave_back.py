@@ -177,3 +177,27 @@ async def test_a_void_says_whose_it_was(
     assert event.message == record.message
     assert (record.state, record.reversed_cents) == (SaleState.REVERSED, 300), record.message
     assert "$3.00 voided by 'ops-desk' (not the agent)" in record.message, record.message
+
+
+async def test_a_charge_found_already_given_back_says_whose_give_back_it_was(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path
+) -> None:
+    """The agent was killed waiting for its authorization's answer (no trans id journaled); the
+    service made the charge, and a person refunded it while the agent was down. The restart
+    finds it under the sale's order id already given back, and says by whom."""
+    sim = await sim_factory(time_scale=300, transactions=0)
+    service, trans_id = await _charge(sim, settled=True)
+    try:
+        await service.payments.void_or_refund(trans_id, user_identifier="night-shift")
+    finally:
+        await service.__aexit__(None, None, None)
+    leave_open(tmp_path, state=SaleState.AUTHORIZING)
+    agent = await agent_factory(sim=sim)
+    [event] = await asyncio.wait_for(agent.recovery.wait(), WAIT_S)
+    record = agent.journal.get("crashed1")
+    assert record is not None
+    assert event.message == record.message
+    assert (record.state, record.trans_id, record.reversed_cents) == (
+        SaleState.REVERSED, trans_id, 300), record.message
+    assert "already given back; $3.00 refunded by 'night-shift' (not the agent)" in (
+        record.message), record.message
