@@ -92,15 +92,17 @@ def agent_user(unit: OwnUnit) -> str:
 def given_back_by(by: str | None, unit: OwnUnit) -> str:
     """Who gave money back, in a sale's words, as reporting names them (``user_identifier``
     of the refund's row, or of the voided row): `` by the agent`` when it names this unit's
-    agent; another name quoted, said not the agent's; nothing named, someone else's (the agent
-    names itself on every give-back it sends). "" when reporting shows no such row."""
+    agent; another name quoted, said not the agent's; nothing named, said so and no more: the
+    agent names itself on every give-back it sends, but a service that keeps no name on a
+    voided row would name no one for the agent's own either. "" when reporting shows no such
+    row."""
     if by is None:
         return ""
     if by == agent_user(unit):
         return " by the agent"
     shown = redact("".join(c for c in by.strip() if c.isprintable())[:64])
     if not shown:
-        return " by someone else (reporting names no one)"
+        return ", reporting names no one who gave it back"
     return f" by {shown!r} (not the agent)"
 
 

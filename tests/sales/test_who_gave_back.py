@@ -97,7 +97,7 @@ async def test_a_persons_refund_of_the_rest_names_them_and_what_was_refunded_bef
     assert event.message == record.message
     assert (record.state, record.captured_cents, record.reversed_cents) == (
         SaleState.REVERSED, 300, 300), record.message
-    assert ("$2.00 refunded by someone else (reporting names no one), the rest of the $3.00 "
+    assert ("$2.00 refunded, reporting names no one who gave it back, the rest of the $3.00 "
             "charge: $1.00 of it had been refunded before") in record.message, record.message
     assert "by the agent" not in record.message
 
