@@ -255,8 +255,9 @@ def health_families(snapshot: HealthSnapshot) -> Iterator[Metric]:
     availability = snapshot.availability
     yield gauge(
         "card_payment_available",
-        "1 when the terminal can take cards now; 0 while it is out of service.",
-        [({"terminal": a.device_id}, int(a.available)) for a in availability],
+        "1 when the terminal can take cards now; 0 while it is out of service or recovery "
+        "holds it after a restart.",
+        [({"terminal": a.device_id}, int(a.takes_cards)) for a in availability],
         by_terminal,
     )
     yield counter(

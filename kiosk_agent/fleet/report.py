@@ -91,7 +91,7 @@ def terminal_states(snapshot: HealthSnapshot) -> dict[str, dict[str, Any]]:
         states[device_id] = {
             "online": terminal.online if terminal is not None else None,
             "available": state.available if state is not None else None,
-            "takes_cards": (state.available and not held) if state is not None else None,
+            "takes_cards": state.takes_cards if state is not None else None,
             "reason": (state.recovering if held else state.reason) if state is not None else "",
             "until": iso(until) if until is not None else None,
         }

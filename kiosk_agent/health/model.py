@@ -152,6 +152,12 @@ class AvailabilityHealth(_Model):
     recovering: str = ""
     recovering_until: WallTime | None = None
 
+    @property
+    def takes_cards(self) -> bool:
+        """In service and not held by recovery: a sale started now would be taken. Every face
+        that says whether the terminal takes a card reads this, none decides its own."""
+        return self.available and not self.recovering
+
 
 class SalesHealth(_Model):
     open: int = 0

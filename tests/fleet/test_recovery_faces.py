@@ -139,6 +139,8 @@ async def test_every_face_says_recovery_holds_the_terminal_and_until_when(
             assert until_iso == time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(vend.until))
             # the unit online, its Status degraded, as before
             assert report["status"] == "degraded"
+            # /metrics says what Home Assistant says: no card taken now
+            assert _card_payment_metric(second, terminal) == 0
 
             # `kiosk-agent health` and the status page: no reader takes cards, and why
             from kiosk_agent.cli.fleet import format_health
@@ -169,7 +171,22 @@ async def test_every_face_says_recovery_holds_the_terminal_and_until_when(
                 True, False), body
             assert availability(second.health.snapshot().model_dump(mode="json"))[
                 "summary"] == "1 of 1 reader can take cards"
+            assert _card_payment_metric(second, terminal) == 1
             assert second.journal.get(sale_id).state is SaleState.COMPLETED
     finally:
         await observer.stop()
         await home_assistant.stop()
+
+
+def _card_payment_metric(agent: Any, terminal: str) -> float:
+    """The agent's /metrics gauge of whether ``terminal`` takes a card now, as scraped."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from kiosk_agent.admin.metrics import AgentMetrics
+
+    body, _ = AgentMetrics(agent, lambda name: None).exposition(None)
+    [value] = [sample.value for family in text_string_to_metric_families(body.decode())
+               for sample in family.samples
+               if sample.name == "kiosk_agent_card_payment_available"
+               and sample.labels == {"terminal": terminal}]
+    return float(value)
