@@ -363,7 +363,12 @@ class SaleRunner:
             currency=self.settings.currency,
         )
         flow = flow_class(request.flow)(record, request, dispenser, self.context)
-        flow.open({"source": request.source, "product": request.product})
+        opened: dict[str, Any] = {"source": request.source, "product": request.product}
+        if request.flow is Flow.AUTHORIZE_CAPTURE and not request.product:
+            # whether its dispense.request approves a vend, where nothing else in the journal
+            # says (recovery.approved_by_request): card first, only the customer's choice does
+            opened["chosen_at_machine"] = request.chosen_at_machine
+        flow.open(opened)
         self._holding[device] = flow
         if not request.chosen_at_machine:  # a vend request: the customer waits from now on
             flow.customer_waits()
