@@ -242,13 +242,13 @@ class SaleFlow(SaleSteps):
             await self.release_terminal(may_complete=False)
         return await self.settle_by_reporting(why, steps)
 
-    async def reverse(self, why: str) -> SaleEvent:
+    async def reverse(self, why: str, told: Mapping[str, Any] | None = None) -> SaleEvent:
         """Give the money back; that needs no terminal, and money given back gets no receipt.
 
         The flows release before they reverse; a charge found in reporting after a lost answer
         releases here: the charge-card interaction that made it is over."""
         await self.release_terminal(may_complete=False)
-        return await super().reverse(why)
+        return await super().reverse(why, told)
 
     async def read_card(self) -> tuple[Any, SaleEvent | None]:
         """Read a card into a token (kept only in memory); or the sale's end.

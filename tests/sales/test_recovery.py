@@ -816,3 +816,48 @@ async def test_a_vend_left_in_flight_and_never_heard_is_told_to_a_person(
     assert problem.startswith(
         "1 product(s) that may have been dispensed (the agent stopped mid-vend), unpaid"), problem
     assert "sale crashed1" in problem
+
+
+@pytest.mark.parametrize("voided", [False, True], ids=["not sent", "made"])
+async def test_a_give_back_a_kill_left_without_its_note_still_tells_of_the_unheard_vend(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path, voided: bool
+) -> None:
+    """A sale reversing whose vend was approved (``dispense.request``) and never heard end, with
+    no late vend on it: what an earlier release's recovery left when killed after its
+    ``reverse.request`` (it wrote the note once the money was back; 2026-11-30, the lead's
+    chaos run, seed 51). The next start finished it by its reversing path, which knew nothing
+    of vends: the product may have gone out unpaid, told to nobody. Now that path reads the
+    journal's facts, not which code decided the give-back: told, with the vend's price, in
+    the commit that ends the sale, whether the give-back is sent again or found made."""
+    sim, clock = await _left_dispensing(sim_factory, tmp_path)
+    journal = Journal(tmp_path / "journal.db")
+    journal.open()
+    record = journal.get("crashed1")
+    assert record is not None
+    assert record.trans_id is not None
+    journal.record(record, Step.RECOVERY_START, detail={"state": "dispensing"})
+    record = journal.get("crashed1")
+    assert record is not None
+    journal.record(record, Step.REVERSE_REQUEST, SaleState.REVERSING,
+                   detail={"trans_id": record.trans_id},
+                   message="interrupted before the dispense was confirmed")
+    journal.close()
+    if voided:  # the give-back the killed agent sent was made
+        async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
+            await service.payments.void_or_refund(record.trans_id)
+    agent = await agent_factory(sim=sim, clock=clock)
+
+    [event] = await clock.run(agent.recovery.wait(), horizon=600)
+
+    assert event.state is SaleState.REVERSED, event.message
+    [row] = await rows(agent.service, "KACRASHED1")
+    assert row.status is TransStatus.VOIDED
+    steps = [s.step for s in agent.journal.steps("crashed1")]
+    assert steps.count(Step.LATE_VEND) == 1, steps
+    noted = late_vended(agent.journal)["crashed1"]
+    assert (noted.product, noted.cents) == ("B1", 300)
+    assert noted.unsure.startswith("the agent stopped mid-vend"), noted
+    problem = agent.sales.late_vends.problem()
+    assert problem is not None
+    assert "sale crashed1" in problem, problem
+    assert agent.sales.late_vends.counts() == (0, 1)
