@@ -1372,6 +1372,14 @@ def judge(
                 f"{vends[0]['vended_cents']}c: {sale.state.value} {sale.message!r} steps: "
                 + " > ".join(s.step for s in steps.get(sale.sale_id, []))
             )
+            # a product out unpaid is told to a person (a late vend, heard or maybe: health,
+            # `sales late-vends`), never silently (2026-11-30: one killed during recovery's
+            # give-back was listed here and told to nobody, and no rule of the judge said so)
+            told = any(s.step == Step.LATE_VEND for s in steps.get(sale.sale_id, []))
+            if not told and not (report.journal_damaged and vends[0]["at"] < report.damaged_at):
+                violate("unpaid_vend_untold", sale,
+                        f"the machine vended {vends[0]['product']} for "
+                        f"{vends[0]['vended_cents']}c, no money kept and no late.vend on the sale")
 
 
 # =============================================================================================
