@@ -422,10 +422,11 @@ class SaleRunner:
     async def _run(self, device: str, flow: SaleFlow) -> SaleEvent:
         try:
             ended = await flow.run()
-            if flow.dispense_unsure and ended.state is not SaleState.COMPLETED:
-                # the dispenser raised: the product may have gone out, its money went back
-                self.late_vends.maybe_dispensed(ended.sale_id, flow.request.product,
-                                                flow.request.source, flow.dispense_unsure)
+            if flow.dispense_unsure:
+                # the dispenser raised: the product may have gone out, its money went back; the
+                # note was journaled with the dispense.result (SaleFlow.not_dispensed): said
+                self.late_vends.noted(ended.sale_id, {"product": flow.request.product,
+                                                      "unsure": flow.dispense_unsure})
             return ended
         except asyncio.CancelledError:
             raise

@@ -195,6 +195,15 @@ class Machine:
         return None
 
 
+class RaisingMachine(Machine):
+    """A dispenser that raises once its relay fired (DISPENSE ``raises``): the product is out
+    (its marker written), the agent hears only an error: a vend that may have been made."""
+
+    async def dispense(self, authorized_cents: int) -> DispenseOutcome:
+        await super().dispense(authorized_cents)
+        raise RuntimeError("the relay did not switch off")
+
+
 class ChoosingMachine(Machine):
     """Card first: the customer chooses ``CHOSEN`` ($1.75) of the funds offered, then the
     machine vends that choice (its marker says the chosen price, not the funds)."""
@@ -265,7 +274,11 @@ async def main(argv: list[str]) -> int:
         card_first = argv[2] == CARD_FIRST
         flow = Flow.AUTHORIZE_CAPTURE if card_first else Flow(argv[2])
         cents, dispense, kill_at = int(argv[3]), argv[4], argv[5]
-        machine = (ChoosingMachine if card_first else Machine)(DispenseStatus(dispense), markers)
+        if dispense == "raises":  # the product out, an error heard
+            machine: Machine = RaisingMachine(DispenseStatus.VENDED, markers)
+        else:
+            machine = (ChoosingMachine if card_first else Machine)(DispenseStatus(dispense),
+                                                                   markers)
         journal.arm(kill_at)
         sale = await agent.sales.start(
             SaleRequest(source="crash:driver", flow=flow, amount_cents=cents,

@@ -136,7 +136,7 @@ async def _given_back_once(sim: Any, directory: Path, sale_id: str, point: str) 
 
 
 async def _told(directory: Path, driver: Driver, told: set[str], sale_id: str,
-                price: int | None, point: str) -> None:
+                price: int | None, point: str, why: str = "the agent stopped mid-vend") -> None:
     """``kiosk-agent sales late-vends --json`` lists exactly the sales told so far, each with
     its vend's price, and health's maybe count (from the journal) counts them."""
     code, out, err = await warm_command(
@@ -146,7 +146,7 @@ async def _told(directory: Path, driver: Driver, told: set[str], sale_id: str,
     assert set(listed) == told, (point, sorted(listed), sorted(told))
     if price is not None:
         vend = listed[sale_id]
-        assert vend["unsure"].startswith("the agent stopped mid-vend"), (point, vend)
+        assert vend["unsure"].startswith(why), (point, vend)
         assert vend["cents"] == price, (point, vend)
     journal = Journal(directory / "journal.db")
     journal.open()
@@ -157,3 +157,37 @@ async def _told(directory: Path, driver: Driver, told: set[str], sale_id: str,
         journal.close()
     assert (heard, maybe) == (0, len(told)), point
     assert len(notes) == (price is not None), (point, [s.detail for s in notes])
+
+
+@pytest.mark.slow(seconds=15)
+@pytest.mark.parametrize("flow", ["charge_card", "authorize_capture"])
+async def test_a_kill_after_a_dispensers_error_still_tells_of_the_product_it_may_have_vended(
+    sim_factory: Any, drivers: WarmDrivers, tmp_path: Path, flow: str
+) -> None:
+    """A dispenser that raised once its relay fired (the product out, an error heard): the
+    live sale gives the money back and tells a person "may have dispensed" (i39-hear-vend).
+    The runner journaled that note once the sale had ended: a kill after the give-back's
+    request (the next start finishing it ``reversing``) or after its end lost it, the product
+    out unpaid, told to nobody. Now the note is in the commit of the ``dispense.result``:
+    killed after each later step and as the give-back answers, each sale is told once."""
+    cents, price = (250, 250) if flow == "charge_card" else (300, 300)
+    sim = await sim_factory(time_scale=TIME_SCALE, seed=12, transactions=0)
+    driver = driver_on(sim, drivers, tmp_path)
+    assert await driver.run(flow, cents, "raises", 99) == "done"
+    whole = list(driver.steps)
+    after = whole.index(Step.DISPENSE_RESULT) + 1
+    assert whole[after - 1:] == [Step.DISPENSE_RESULT, Step.LATE_VEND, Step.REVERSE_REQUEST,
+                                 Step.REVERSE_DONE], whole
+    told = set(_sale_ids(tmp_path))
+    await _told(tmp_path, driver, told, next(iter(told)), price, "no kill", why="dispenser error")
+    asked = whole.index(Step.REVERSE_REQUEST) + 1
+    for point in [*map(str, range(after, len(whole) + 1)), f"{asked}a"]:
+        before = _sale_ids(tmp_path)
+        assert await driver.run(flow, cents, "raises", point) == "killed", point
+        [sale_id] = _sale_ids(tmp_path) - before
+        assert await driver.run() == "done"  # the next start finishes it, if open
+        await _given_back_once(sim, tmp_path, sale_id, point)
+        told.add(sale_id)
+        await _told(tmp_path, driver, told, sale_id, price, point, why="dispenser error")
+    vended = {line.split()[0] for line in driver.markers.read_text().splitlines()}
+    assert vended == told  # each one out unpaid, each told
