@@ -612,15 +612,14 @@ class SaleSteps:
         """
         trans_id = self.record.trans_id
         if trans_id is None:
+            unknown = (f"{why}; no trans_id: the agent looks for the charge in reporting "
+                       f"{self.context.recheck.when()} and gives it back, else a person decides "
+                       f"({RESOLVE})")
+            if told is None:
+                return self.finish(SaleState.ATTENTION, Step.REVERSE_UNKNOWN, unknown)
             with self.one_commit():
-                if told is not None:
-                    self.step(Step.LATE_VEND, detail=told)
-                return self.finish(
-                    SaleState.ATTENTION, Step.REVERSE_UNKNOWN,
-                    f"{why}; no trans_id: the agent looks for the charge in reporting "
-                    f"{self.context.recheck.when()} and gives it back, else a person decides "
-                    f"({RESOLVE})",
-                )  # fmt: skip
+                self.step(Step.LATE_VEND, detail=told)
+                return self.finish(SaleState.ATTENTION, Step.REVERSE_UNKNOWN, unknown)
         self.require_own()
         rest = self._rest_to_name()
         detail: dict[str, Any] = {"trans_id": trans_id}

@@ -861,3 +861,28 @@ async def test_a_give_back_a_kill_left_without_its_note_still_tells_of_the_unhea
     assert problem is not None
     assert "sale crashed1" in problem, problem
     assert agent.sales.late_vends.counts() == (0, 1)
+
+
+async def test_a_vend_left_in_flight_with_no_charge_id_is_told_before_a_person_decides(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path
+) -> None:
+    """A sale left dispensing with no charge id in its journal (a hand-edited or damaged one:
+    the flows write it with the approval). Recovery has no request step to share a commit with:
+    the vend it approved is told as a step of its own before anything else is decided; then
+    reporting cannot be waited on from ``dispensing`` (the table has no move to
+    ``unresolved``), so a person decides (``attention``), as before."""
+    sim = await sim_factory(time_scale=300, transactions=0)
+    clock = FakeClock(wall=time.time(), boot_id="fake-boot-2")
+    leave_open(tmp_path, state=SaleState.DISPENSING, product="B1",
+               sent_at=clock.time() - 1, sent_mono=clock.monotonic() - 1,
+               sent_boot="fake-boot-1", answer_by=clock.time() + 2)
+    agent = await agent_factory(sim=sim, clock=clock)
+
+    [event] = await clock.run(agent.recovery.wait(), horizon=600)
+
+    assert event.state is SaleState.ATTENTION, event.message
+    steps = [s.step for s in agent.journal.steps("crashed1")]
+    assert steps[-2:] == [Step.LATE_VEND, Step.RECOVERY_ERROR], steps
+    noted = late_vended(agent.journal)["crashed1"]
+    assert (noted.product, noted.cents) == ("B1", 300)
+    assert agent.sales.late_vends.counts() == (0, 1)
