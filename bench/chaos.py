@@ -18,8 +18,9 @@ every sale and the simulator's ledger and the machines' records judge the journa
 
 Prints kills, sales, sales recovered, every violation with the sale's journal steps, the unpaid
 vends (vends the machine confirmed whose money went back because the agent died before hearing
-the result) and the unpaid-vend window (journaled ``dispense.request`` to the vend result
-journaled), then one JSON line.
+the result; one with no ``late.vend`` on its sale, told to no person, is a violation:
+``unpaid_vend_untold``) and the unpaid-vend window (journaled ``dispense.request`` to the vend
+result journaled), then one JSON line.
 
 The journal's disk (root only): ``--disk-full P`` puts the journal on a tmpfs of its own and
 fills it for 0.2 to 1.5 s in a fraction P of the rounds while sales run; ``--damage-journal``

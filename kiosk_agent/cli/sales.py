@@ -355,7 +355,7 @@ async def late_vends_command(args: argparse.Namespace) -> int:
     if wants_json(args):
         print(json.dumps({"late_vends": [
             {"sale_id": v.sale_id, "product": v.product, "source": v.source, "at": v.at,
-             "unsure": v.unsure}
+             "unsure": v.unsure, "cents": v.cents}
             for v in late]}, indent=2))
         return EXIT_FAILED if late else EXIT_OK
     from kiosk_agent.text import for_terminal

@@ -104,7 +104,7 @@ class AuthorizeCaptureFlow(SaleFlow):
             self._chosen(product, price)
         outcome = await self._dispense(authorized)
         if not outcome.dispensed:
-            return await self._not_dispensed(outcome)
+            return await self._not_dispensed(outcome, price, product)
         # the capture needs no terminal: the next customer may start (unless a receipt prints)
         await self.release_terminal(may_complete=True)
         vended = outcome.vended_cents or authorized
@@ -130,8 +130,9 @@ class AuthorizeCaptureFlow(SaleFlow):
             Step.DISPENSE_CHOSEN, message=vend, **named,
             detail={"product": shown, "cents": price, "mono": self.clock.monotonic()})
 
-    async def _not_dispensed(self, outcome: DispenseOutcome) -> SaleEvent:
-        self.step(Step.DISPENSE_RESULT, detail=outcome_detail(outcome),
-                  **self.named(outcome.product))
+    async def _not_dispensed(self, outcome: DispenseOutcome, price: int | None = None,
+                             product: str | None = None) -> SaleEvent:
+        self.not_dispensed(outcome, price or self.record.amount_cents, product,
+                           **self.named(outcome.product))
         await self.release_terminal(may_complete=False)
         return await self.reverse(f"dispense {outcome.status.value} {outcome.detail}".strip())

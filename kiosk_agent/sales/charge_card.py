@@ -184,6 +184,6 @@ class ChargeCardFlow(SaleFlow):
             )
             await self.release_terminal(may_complete=True)  # a mailed receipt needs no terminal
             return ended
-        self.step(Step.DISPENSE_RESULT, detail=outcome_detail(outcome))
+        self.not_dispensed(outcome, cents, self.request.product)
         await self.release_terminal(may_complete=False)
         return await self.reverse(f"dispense {outcome.status.value} {outcome.detail}".strip())

@@ -23,8 +23,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import sqlite3
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from kiosk_agent.data_class import data_class
 from kiosk_agent.moments import day_of, display_clock, display_time
@@ -52,6 +52,10 @@ class LateVend:
     # its relay may have fired, a vend in flight when the agent stopped:
     # ``LateVendWatch.maybe_dispensed``); "" for a vend heard
     unsure: str = ""
+    # the price of the vend in cents (recovery's maybe: the price the vend was approved for,
+    # the customer's choice card first); None where the note names none (a vend heard, a note
+    # written before 2026-11-30)
+    cents: int | None = None
 
     def text(self) -> str:
         """Said on its sale (the sales table, `sales show`, the page's sale line), where the
@@ -99,8 +103,17 @@ def late_vend_of(steps: Iterable[StepRecord]) -> LateVend | None:
 
 def _late_vend(step: StepRecord) -> LateVend:
     facts = step.detail
+    cents = facts.get("cents")
     return LateVend(step.sale_id, str(facts.get("product") or ""),
-                    str(facts.get("source") or ""), step.at, str(facts.get("unsure") or ""))
+                    str(facts.get("source") or ""), step.at, str(facts.get("unsure") or ""),
+                    cents if type(cents) is int else None)
+
+
+def maybe_note(product: str | None, source: str, why: str, cents: int) -> dict[str, Any]:
+    """The detail of a ``late.vend`` step for a vend that may have been made unheard (``why``):
+    what the runner's :meth:`LateVendWatch.maybe_dispensed` journals, and what recovery writes
+    in the very commit of its give-back (sales/recovery.py), the vend's price with it."""
+    return {"product": product or "", "source": source, "unsure": why[:200], "cents": cents}
 
 
 def late_vended(journal: Journal) -> dict[str, LateVend]:
@@ -138,6 +151,16 @@ class LateVendWatch:
         _LOGGER.warning("sale %s: %s; the money went back, and the product %s may have gone "
                         "out: told to a person", sale_id, why, product or "(unnamed)")
         self._note(sale_id, {"product": product or "", "source": source, "unsure": why[:200]})
+
+    def noted(self, sale_id: str, detail: Mapping[str, Any]) -> None:
+        """A maybe (:func:`maybe_note`) its sale journaled itself, in the commit that decided to
+        give the money back (recovery): said in the log and told to health, as
+        :meth:`maybe_dispensed` does once it wrote it."""
+        _LOGGER.warning("sale %s: %s; the money goes back, and the product %s may have gone "
+                        "out: told to a person", sale_id, detail.get("unsure"),
+                        detail.get("product") or "(unnamed)")
+        self.heard_count += 1
+        self._tell()
 
     def _note(self, sale_id: str, detail: dict[str, str]) -> None:
         source = detail["source"]

@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 from kiosk_agent.money import format_cents
 from kiosk_agent.sales.clock import wait_at_most
 from kiosk_agent.sales.journal import SaleRecord
+from kiosk_agent.sales.late_vends import maybe_note
 from kiosk_agent.sales.model import (
     ChoosingDispenser,
     DispenseOutcome,
@@ -242,13 +243,28 @@ class SaleFlow(SaleSteps):
             await self.release_terminal(may_complete=False)
         return await self.settle_by_reporting(why, steps)
 
-    async def reverse(self, why: str) -> SaleEvent:
+    def not_dispensed(self, outcome: DispenseOutcome, price: int, product: str | None,
+                      **changes: Any) -> None:
+        """The vend not made, as the machine (or its timeout) said: ``dispense.result``. A
+        dispenser that raised (``dispense_unsure``) may have moved the machine first: a person
+        is told (a maybe late vend) in the same commit, before the give-back, so that no kill
+        between them leaves a product out unpaid untold (2026-11-30: the runner journaled it
+        once the sale had ended, after the give-back's commits)."""
+        if not self.dispense_unsure:
+            self.step(Step.DISPENSE_RESULT, detail=outcome_detail(outcome), **changes)
+            return
+        with self.one_commit():
+            self.step(Step.DISPENSE_RESULT, detail=outcome_detail(outcome), **changes)
+            self.step(Step.LATE_VEND, detail=maybe_note(
+                product, self.request.source, self.dispense_unsure, price))
+
+    async def reverse(self, why: str, told: Mapping[str, Any] | None = None) -> SaleEvent:
         """Give the money back; that needs no terminal, and money given back gets no receipt.
 
         The flows release before they reverse; a charge found in reporting after a lost answer
         releases here: the charge-card interaction that made it is over."""
         await self.release_terminal(may_complete=False)
-        return await super().reverse(why)
+        return await super().reverse(why, told)
 
     async def read_card(self) -> tuple[Any, SaleEvent | None]:
         """Read a card into a token (kept only in memory); or the sale's end.

@@ -7,8 +7,10 @@ memory: tenth round")."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol
 
+from kiosk_agent.sales.journal import SaleRecord
 from kiosk_agent.sales.model import Flow, SaleEvent
 from kiosk_agent.sales.states import RECOVERY_REPORTING, SaleState, Step
 from kiosk_agent.sales.steps import RESOLVE, SaleContext, SaleSteps
@@ -21,10 +23,22 @@ from kiosk_agent.service.models import (
 )
 from kiosk_agent.service.parsing import charge_card_result
 
+
+class HeldOrNone(Protocol):
+    """:meth:`SaleRecoverer._held_or_none`: the money held given back (or found not taken),
+    ``told`` (a maybe late vend) journaled with the give-back's decision."""
+
+    def __call__(self, steps: SaleSteps, why: str, *,
+                 told: Mapping[str, Any] | None = None) -> Awaitable[SaleEvent]: ...
+
+
 # Recovery's listening for a vend a restart left in flight, given the way to settle without it
-Dispensing = Callable[
-    [SaleSteps, Callable[[SaleSteps, str], Awaitable[SaleEvent]]], Awaitable[SaleEvent]
-]
+Dispensing = Callable[[SaleSteps, HeldOrNone], Awaitable[SaleEvent]]
+# a sale's maybe late vend still to be told (its note's detail), or None (Recovery._unheard)
+Unheard = Callable[[SaleRecord], dict[str, Any] | None]
+# told once its note is journaled (LateVendWatch.noted: the log line, health)
+Told = Callable[[str, Mapping[str, Any]], None]
+
 
 _LOGGER = logging.getLogger("kiosk_agent.sales.recovery")  # its lines, as before the move
 
@@ -32,9 +46,12 @@ _LOGGER = logging.getLogger("kiosk_agent.sales.recovery")  # its lines, as befor
 class SaleRecoverer:
     """Drives open sales to an end on one sale context (the service, settings and clock)."""
 
-    def __init__(self, context: SaleContext, dispensing: Dispensing) -> None:
+    def __init__(self, context: SaleContext, dispensing: Dispensing, unheard: Unheard,
+                 told: Told) -> None:
         self.context = context
         self.dispensing = dispensing  # a sale left dispensing: Recovery listens for its vend
+        self.unheard = unheard
+        self.told = told
 
     async def recover(self, steps: SaleSteps) -> SaleEvent:
         """Drive one open sale to an end."""
@@ -143,11 +160,15 @@ class SaleRecoverer:
             f"the charge ended {interaction.status}; no money moved",
         )
 
-    async def _held_or_none(self, steps: SaleSteps, why: str) -> SaleEvent:
+    async def _held_or_none(self, steps: SaleSteps, why: str, *,
+                            told: Mapping[str, Any] | None = None) -> SaleEvent:
         """Money may be held: reverse it when reporting shows it, FAILED when it shows none
-        (once the money call's deadline has passed)."""
+        (once the money call's deadline has passed). ``told``: a maybe late vend, journaled in
+        the give-back's first commit (a sale with no charge id: before reporting is asked)."""
         if steps.record.trans_id is not None:
-            return await steps.reverse(why)
+            return await steps.reverse(why, told)
+        if told is not None:
+            steps.step(Step.LATE_VEND, detail=told)
         return await steps.settle_by_reporting(why, RECOVERY_REPORTING)
 
     async def _capturing(self, steps: SaleSteps) -> SaleEvent:
@@ -182,15 +203,28 @@ class SaleRecoverer:
         )
 
     async def _reversing(self, steps: SaleSteps) -> SaleEvent:
+        """A give-back interrupted: finished once. A vend its journal says was approved and
+        never heard end (``unheard_vend``) is told to a person in the commit that ends it, by
+        whichever path the give-back was decided (recovery's own writes the note with its
+        request; a journal of an earlier release, or a flow's error, may hold none)."""
         record = steps.record
         if record.trans_id is None:
             raise RuntimeError(f"sale {record.sale_id}: no transaction id to look up")
         lookup = await steps.reconciler.transaction_state(record.trans_id)
+        told = self.unheard(steps.record)
         if lookup.reversed:
             # the charge's row names its whole amount: of a charge found partly refunded, the
             # agent gave back only the rest (2026-11-30: reversed 400 cents of a $3.00 charge)
-            return steps.given_back_found(
-                Step.RECOVERY_DONE, Step.RECOVERY_UNDECIDED, f"{record.message}; given back",
-                lookup,
-            )
-        return await steps.reverse(record.message or "interrupted while giving the money back")
+            with steps.one_commit():
+                if told is not None:
+                    steps.step(Step.LATE_VEND, detail=told)
+                ended = steps.given_back_found(
+                    Step.RECOVERY_DONE, Step.RECOVERY_UNDECIDED, f"{record.message}; given back",
+                    lookup,
+                )
+        else:
+            ended = await steps.reverse(
+                record.message or "interrupted while giving the money back", told)
+        if told is not None:
+            self.told(record.sale_id, told)
+        return ended

@@ -23,20 +23,27 @@ import contextlib
 import logging
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from kiosk_agent.sales.clock import Anchor
-from kiosk_agent.sales.journal import Journal, JournalError, SaleMoved, SaleRecord
+from kiosk_agent.sales.journal import Journal, JournalError, SaleMoved, SaleRecord, StepRecord
+from kiosk_agent.sales.late_vends import maybe_note
 from kiosk_agent.sales.model import DispenseStatus, Flow, SaleEvent
 from kiosk_agent.sales.runner import SaleRunner
 from kiosk_agent.sales.states import SaleState, Step, TransitionRefused
 from kiosk_agent.sales.steps import SaleContext, SaleSteps
 from kiosk_agent.tasks import cancel_and_wait
 
+if TYPE_CHECKING:
+    from kiosk_agent.sales.recover_sale import HeldOrNone
+
 _LOGGER = logging.getLogger(__name__)
 
 # Open sales that no longer held their terminal: the dispense outcome was known and what
 # remained needed only the payments API (SaleFlow.release_terminal).
 TERMINAL_FREE = frozenset({SaleState.CAPTURING, SaleState.REVERSING})
+# why a vend left in flight and never heard may have gone out (its late.vend's ``unsure``)
+UNHEARD = "the agent stopped mid-vend; no vend result heard after the restart"
 
 
 def released_its_terminal(record: SaleRecord, journal: Journal) -> bool:
@@ -49,6 +56,43 @@ def released_its_terminal(record: SaleRecord, journal: Journal) -> bool:
     if record.state is SaleState.UNRESOLVED:
         return record.flow == Flow.AUTHORIZE_CAPTURE
     return record.state in TERMINAL_FREE
+
+
+def unheard_vend(record: SaleRecord, steps: list[StepRecord]) -> tuple[str, int] | None:
+    """The vend a sale's journal says was approved and never said how it ended: (product, the
+    price it was approved for), or None: from the journal's facts, whichever path decided the
+    give-back. A vend is approved by ``dispense.request`` (selection first: C,VEND;
+    ``approved_by_request``), card first by the customer's choice (``dispense.chosen``, its
+    price). Not when the machine said how it ended (``dispense.result``), the vend was confirmed
+    (captured or completed), or a late vend is journaled already (told once)."""
+    if record.state is SaleState.COMPLETED or record.vended_cents:
+        return None
+    names = {s.step for s in steps}
+    if (Step.DISPENSE_REQUEST not in names or Step.DISPENSE_RESULT in names
+            or Step.LATE_VEND in names or Step.CAPTURE_REQUEST in names):
+        return None
+    chosen = [s.detail for s in steps if s.step == Step.DISPENSE_CHOSEN]
+    if chosen:
+        product = str(chosen[-1].get("product") or "") or record.product or ""
+        cents = chosen[-1].get("cents")
+        return product, cents if type(cents) is int and cents > 0 else record.amount_cents
+    if not approved_by_request(record, steps):
+        return None  # card first, nothing chosen: no vend approved
+    return record.product or "", record.amount_cents
+
+
+def approved_by_request(record: SaleRecord, steps: list[StepRecord]) -> bool:
+    """Whether the sale's ``dispense.request`` approved its vend (selection first: C,VEND),
+    not a card-first session's opening (C,START), whose vend only the customer's choice
+    approves (``dispense.chosen``). A charge_card sale, or one naming its product, is selection
+    first; an authorize_capture sale naming none says which on its ``created`` step
+    (``chosen_at_machine``, 2026-11-30; SaleRunner.start). A journal of an earlier release does
+    not: read as card first, as it was then (a kiosk app's sale naming no product is then not
+    listened for after a restart, its money given back at once, untold)."""
+    if record.flow != Flow.AUTHORIZE_CAPTURE or record.product:
+        return True
+    created = next((s.detail for s in steps if s.step == Step.CREATED), {})
+    return created.get("chosen_at_machine") is False
 
 
 class Recovery:
@@ -214,7 +258,9 @@ class Recovery:
         recovered, which most starts never find)."""
         from kiosk_agent.sales.recover_sale import SaleRecoverer
 
-        return await SaleRecoverer(self.context, dispensing=self._dispensing).recover(steps)
+        return await SaleRecoverer(self.context, dispensing=self._dispensing,
+                                   unheard=self._unheard,
+                                   told=self.runner.late_vends.noted).recover(steps)
 
     def _hearing(self, record: SaleRecord) -> tuple[float, int] | None:
         """Until when (this boot's monotonic time) ``record``'s vend is listened for, and the
@@ -249,7 +295,7 @@ class Recovery:
                 _LOGGER.warning("sale %s: its choice's step is not as written (%r): its vend "
                                 "is not listened for", record.sale_id, chosen[-1])
                 return None
-        elif asked and record.product:  # no product: card first, nothing chosen
+        elif asked and approved_by_request(record, steps):  # else card first, nothing chosen
             window = float("inf") if record.answer_by is None else (
                 record.answer_by - record.sent_at)
             approved = anchor.mono + min(max(0.0, asked[-1] - record.sent_at), max(0.0, window))
@@ -259,9 +305,7 @@ class Recovery:
         due = approved + self.runner.vend_timeout_of(record.source)
         return (due, cents) if due > self.clock.monotonic() else None
 
-    async def _dispensing(
-        self, steps: SaleSteps, held_or_none: Callable[[SaleSteps, str], Awaitable[SaleEvent]]
-    ) -> SaleEvent:
+    async def _dispensing(self, steps: SaleSteps, held_or_none: HeldOrNone) -> SaleEvent:
         """Left dispensing: listened for until its vend's deadline when the machine may still
         say how the vend ended (standing rule 13); then settled on what it said, also when it
         said so before recovery came to this sale. Silence, or nothing to listen for, gives the
@@ -271,7 +315,7 @@ class Recovery:
         vend = self.runner.restart_vend(record.sale_id)
         try:
             if vend is None:
-                return self._maybe_vended(record, await held_or_none(steps, why))
+                return await self._given_back(steps, held_or_none, why)
             if not vend.heard.done():
                 left = max(0.0, vend.due - self.clock.monotonic())
                 _LOGGER.warning("sale %s: left dispensing; listening for its vend result for "
@@ -288,8 +332,9 @@ class Recovery:
         if self._last_holding.get(record.terminal) == record.sale_id:
             self.runner.unblock(record.terminal, by="recovery")
         if outcome is None:
-            return self._maybe_vended(record, await held_or_none(
-                steps, f"{why}: no vend result within its vend timeout after the restart"))
+            return await self._given_back(
+                steps, held_or_none,
+                f"{why}: no vend result within its vend timeout after the restart")
         heard = {"status": outcome.status.value, "detail": outcome.detail,
                  "after_restart": True}
         if outcome.status is not DispenseStatus.VENDED:
@@ -308,28 +353,36 @@ class Recovery:
                 vended_cents=cents, detail=heard)
         return await steps.capture(cents, heard)
 
-    def _maybe_vended(self, record: SaleRecord, ended: SaleEvent) -> SaleEvent:
-        """A sale left dispensing whose money went back with no vend result: its vend was
-        approved (``dispense.request``; card first, the choice journaled) and the machine may
-        have made it while no agent listened. Told to a person as the runner tells a dispenser's
-        error (a ``late.vend`` step with ``unsure``, health's problem until acknowledged), never
-        silently: the chaos runs found each such sale vended (2026-11-30, i40-chaos). Not when
-        the machine had said the vend failed, or a card-first customer never chose."""
-        if ended.state is SaleState.COMPLETED or not self.runner.hears_after_restart(
-                record.source):  # a machine made anew with the agent: its vend died with it
-            return ended
-        steps = self.journal.steps(record.sale_id)
-        if (any(s.step == Step.DISPENSE_RESULT for s in steps)
-                or not any(s.step == Step.DISPENSE_REQUEST for s in steps)):
-            return ended
-        chosen = [s.detail for s in steps if s.step == Step.DISPENSE_CHOSEN]
-        product = str(chosen[-1].get("product") or "") if chosen else record.product
-        if not chosen and not record.product:  # card first, nothing chosen: no vend approved
-            return ended
-        self.runner.late_vends.maybe_dispensed(
-            record.sale_id, product, record.source,
-            "the agent stopped mid-vend; no vend result heard after the restart")
+    async def _given_back(self, steps: SaleSteps, held_or_none: HeldOrNone,
+                          why: str) -> SaleEvent:
+        """A sale left dispensing whose vend no result was heard of: its money goes back, and
+        a person is told the product may have gone out (``_unheard``) in the same commit as the
+        give-back's request, so a kill during the give-back cannot leave it untold (2026-11-30:
+        the note written after the give-back was lost to a kill after ``reverse.request``, the
+        next start finishing the sale by its reversing path, told to nobody)."""
+        told = self._unheard(steps.record)
+        ended = await held_or_none(steps, why, told=told)
+        if told is not None:
+            self.runner.late_vends.noted(steps.record.sale_id, told)
         return ended
+
+    def _unheard(self, record: SaleRecord) -> dict[str, Any] | None:
+        """The maybe late vend (``late.vend`` with ``unsure``) of a sale whose vend was approved
+        and whose end no agent heard (``unheard_vend``: from the journal's facts, not from the
+        path that ran): the machine may have made it while no agent listened, its money going
+        back. Told to a person as the runner tells a dispenser's error (health's problem until
+        acknowledged, ``sales late-vends``), never silently: the chaos runs found each such sale
+        vended (2026-11-30, i40-chaos). None when the vend cannot have been made unheard: the
+        machine said it failed, a card-first customer never chose, or the trigger's machine
+        starts anew with the agent (the demo's ``virtual``: its vend died with it); or when the
+        sale is told already."""
+        if not self.runner.hears_after_restart(record.source):
+            return None
+        vend = unheard_vend(record, self.journal.steps(record.sale_id))
+        if vend is None:
+            return None
+        product, cents = vend
+        return maybe_note(product, record.source, UNHEARD, cents)
 
     def _stop_listening(self, sale_id: str) -> None:
         if self.runner.stop_listening(sale_id) and self.on_listening_change:

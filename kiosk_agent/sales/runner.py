@@ -425,7 +425,12 @@ class SaleRunner:
             currency=self.settings.currency,
         )
         flow = flow_class(request.flow)(record, request, dispenser, self.context)
-        flow.open({"source": request.source, "product": request.product})
+        opened: dict[str, Any] = {"source": request.source, "product": request.product}
+        if request.flow is Flow.AUTHORIZE_CAPTURE and not request.product:
+            # whether its dispense.request approves a vend, where nothing else in the journal
+            # says (recovery.approved_by_request): card first, only the customer's choice does
+            opened["chosen_at_machine"] = request.chosen_at_machine
+        flow.open(opened)
         self._holding[device] = flow
         if not request.chosen_at_machine:  # a vend request: the customer waits from now on
             flow.customer_waits()
@@ -479,10 +484,11 @@ class SaleRunner:
     async def _run(self, device: str, flow: SaleFlow) -> SaleEvent:
         try:
             ended = await flow.run()
-            if flow.dispense_unsure and ended.state is not SaleState.COMPLETED:
-                # the dispenser raised: the product may have gone out, its money went back
-                self.late_vends.maybe_dispensed(ended.sale_id, flow.request.product,
-                                                flow.request.source, flow.dispense_unsure)
+            if flow.dispense_unsure:
+                # the dispenser raised: the product may have gone out, its money went back; the
+                # note was journaled with the dispense.result (SaleFlow.not_dispensed): said
+                self.late_vends.noted(ended.sale_id, {"product": flow.request.product,
+                                                      "unsure": flow.dispense_unsure})
             return ended
         except asyncio.CancelledError:
             raise

@@ -635,26 +635,36 @@ class SaleSteps:
 
     # -- money back ------------------------------------------------------------------------------
 
-    async def reverse(self, why: str) -> SaleEvent:
+    async def reverse(self, why: str, told: Mapping[str, Any] | None = None) -> SaleEvent:
         """Give the money back (void, or refund once settled) and end the sale REVERSED.
 
         Written to the journal before the call; an error is checked against reporting before a
         second try, because voiding twice is refused and a lost answer may have worked.
+        ``told``: a ``late.vend`` note (a vend that may have been made unheard: recovery's)
+        journaled in the same commit as the decision, so no kill leaves the give-back without
+        it (2026-11-30: one killed after ``reverse.request`` was finished untold).
         """
         trans_id = self.record.trans_id
         if trans_id is None:
-            return self.finish(
-                SaleState.ATTENTION, Step.REVERSE_UNKNOWN,
-                f"{why}; no trans_id: the agent looks for the charge in reporting "
-                f"{self.context.recheck.when()} and gives it back, else a person decides "
-                f"({RESOLVE})",
-            )  # fmt: skip
+            unknown = (f"{why}; no trans_id: the agent looks for the charge in reporting "
+                       f"{self.context.recheck.when()} and gives it back, else a person decides "
+                       f"({RESOLVE})")
+            if told is None:
+                return self.finish(SaleState.ATTENTION, Step.REVERSE_UNKNOWN, unknown)
+            with self.one_commit():
+                self.step(Step.LATE_VEND, detail=told)
+                return self.finish(SaleState.ATTENTION, Step.REVERSE_UNKNOWN, unknown)
         self.require_own()
         rest = self._rest_to_name()
         detail: dict[str, Any] = {"trans_id": trans_id}
         if rest is not None:
             detail["amount_cents"] = rest
-        self.step(Step.REVERSE_REQUEST, SaleState.REVERSING, why, detail=detail)
+        if told is None:
+            self.step(Step.REVERSE_REQUEST, SaleState.REVERSING, why, detail=detail)
+        else:
+            with self.one_commit():
+                self.step(Step.REVERSE_REQUEST, SaleState.REVERSING, why, detail=detail)
+                self.step(Step.LATE_VEND, detail=told)
         for attempt in (1, 2):
             try:
                 result = await self.service.payments.void_or_refund(

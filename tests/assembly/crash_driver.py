@@ -195,6 +195,15 @@ class Machine:
         return None
 
 
+class RaisingMachine(Machine):
+    """A dispenser that raises once its relay fired (DISPENSE ``raises``): the product is out
+    (its marker written), the agent hears only an error: a vend that may have been made."""
+
+    async def dispense(self, authorized_cents: int) -> DispenseOutcome:
+        await super().dispense(authorized_cents)
+        raise RuntimeError("the relay did not switch off")
+
+
 class ChoosingMachine(Machine):
     """Card first: the customer chooses ``CHOSEN`` ($1.75) of the funds offered, then the
     machine vends that choice (its marker says the chosen price, not the funds)."""
@@ -265,7 +274,11 @@ async def main(argv: list[str]) -> int:
         card_first = argv[2] == CARD_FIRST
         flow = Flow.AUTHORIZE_CAPTURE if card_first else Flow(argv[2])
         cents, dispense, kill_at = int(argv[3]), argv[4], argv[5]
-        machine = (ChoosingMachine if card_first else Machine)(DispenseStatus(dispense), markers)
+        if dispense == "raises":  # the product out, an error heard
+            machine: Machine = RaisingMachine(DispenseStatus.VENDED, markers)
+        else:
+            machine = (ChoosingMachine if card_first else Machine)(DispenseStatus(dispense),
+                                                                   markers)
         journal.arm(kill_at)
         sale = await agent.sales.start(
             SaleRequest(source="crash:driver", flow=flow, amount_cents=cents,
@@ -1372,6 +1385,14 @@ def judge(
                 f"{vends[0]['vended_cents']}c: {sale.state.value} {sale.message!r} steps: "
                 + " > ".join(s.step for s in steps.get(sale.sale_id, []))
             )
+            # a product out unpaid is told to a person (a late vend, heard or maybe: health,
+            # `sales late-vends`), never silently (2026-11-30: one killed during recovery's
+            # give-back was listed here and told to nobody, and no rule of the judge said so)
+            told = any(s.step == Step.LATE_VEND for s in steps.get(sale.sale_id, []))
+            if not told and not (report.journal_damaged and vends[0]["at"] < report.damaged_at):
+                violate("unpaid_vend_untold", sale,
+                        f"the machine vended {vends[0]['product']} for "
+                        f"{vends[0]['vended_cents']}c, no money kept and no late.vend on the sale")
 
 
 # =============================================================================================

@@ -191,14 +191,21 @@ def test_the_judge_names_each_broken_rule_and_counts_unpaid_vends() -> None:
     sales = [
         _sale("paid", SaleState.COMPLETED, captured_cents=150),
         _sale("unpaid", SaleState.REVERSED),
+        _sale("untold", SaleState.REVERSED),
         _sale("hanging", SaleState.FAILED),
         _sale("twice", SaleState.REVERSED),
         _sale("kept", SaleState.COMPLETED, captured_cents=150),
     ]
     steps = {
         "paid": _steps("paid", Step.CREATED, Step.DISPENSE_REQUEST, Step.CAPTURE_REQUEST, at=100),
-        "unpaid": _steps(
-            "unpaid", Step.CREATED, Step.DISPENSE_REQUEST, Step.RECOVERY_START, at=200
+        "unpaid": _steps(  # told: a maybe late vend
+            "unpaid", Step.CREATED, Step.DISPENSE_REQUEST, Step.RECOVERY_START,
+            Step.REVERSE_REQUEST, Step.LATE_VEND, at=200
+        ),
+        # killed during recovery's give-back, finished untold (2026-11-30, seed 51)
+        "untold": _steps(
+            "untold", Step.CREATED, Step.DISPENSE_REQUEST, Step.RECOVERY_START,
+            Step.REVERSE_REQUEST, Step.RECOVERY_START, Step.RECOVERY_DONE, at=250
         ),
         "hanging": _steps(
             "hanging", Step.CREATED, Step.AUTHORIZE_REQUEST, Step.RECOVERY_START, at=300
@@ -209,13 +216,14 @@ def test_the_judge_names_each_broken_rule_and_counts_unpaid_vends() -> None:
     rows = [
         _row("o-paid", TransStatus.CAPTURED),
         _row("o-unpaid", TransStatus.VOIDED),
+        _row("o-untold", TransStatus.VOIDED),
         _row("o-hanging", TransStatus.AUTHORIZED),
         _row("o-twice", TransStatus.VOIDED),
         _row("o-twice", TransStatus.VOIDED),
         _row("o-kept", TransStatus.CAPTURED),
         _row("o-stranger", TransStatus.CAPTURED),
     ]
-    records = _vend(1, 101.5) + _vend(2, 201.5)
+    records = _vend(1, 101.5) + _vend(2, 201.5) + _vend(3, 251.5)
     report = ChaosReport()
 
     judge(report, sales, steps, rows, records)
@@ -227,9 +235,10 @@ def test_the_judge_names_each_broken_rule_and_counts_unpaid_vends() -> None:
         ("journal_ledger_disagree", "hanging"),
         ("kept_without_vend", "kept"),
         ("ledger_row_unknown", "o-stranger"),
+        ("unpaid_vend_untold", "untold"),
     ]
-    assert [u.split()[0] for u in report.unpaid_vends] == ["unpaid"]
-    assert (report.sales, report.sales_recovered, report.vends) == (5, 2, 2)
+    assert [u.split()[0] for u in report.unpaid_vends] == ["unpaid", "untold"]
+    assert (report.sales, report.sales_recovered, report.vends) == (6, 3, 3)
     hanging = next(v for v in report.violations if v.kind == "authorization_open")
     assert "authorize.request[started]" in hanging.describe()
 

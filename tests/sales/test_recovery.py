@@ -816,3 +816,73 @@ async def test_a_vend_left_in_flight_and_never_heard_is_told_to_a_person(
     assert problem.startswith(
         "1 product(s) that may have been dispensed (the agent stopped mid-vend), unpaid"), problem
     assert "sale crashed1" in problem
+
+
+@pytest.mark.parametrize("voided", [False, True], ids=["not sent", "made"])
+async def test_a_give_back_a_kill_left_without_its_note_still_tells_of_the_unheard_vend(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path, voided: bool
+) -> None:
+    """A sale reversing whose vend was approved (``dispense.request``) and never heard end, with
+    no late vend on it: what an earlier release's recovery left when killed after its
+    ``reverse.request`` (it wrote the note once the money was back; 2026-11-30, the lead's
+    chaos run, seed 51). The next start finished it by its reversing path, which knew nothing
+    of vends: the product may have gone out unpaid, told to nobody. Now that path reads the
+    journal's facts, not which code decided the give-back: told, with the vend's price, in
+    the commit that ends the sale, whether the give-back is sent again or found made."""
+    sim, clock = await _left_dispensing(sim_factory, tmp_path)
+    journal = Journal(tmp_path / "journal.db")
+    journal.open()
+    record = journal.get("crashed1")
+    assert record is not None
+    assert record.trans_id is not None
+    journal.record(record, Step.RECOVERY_START, detail={"state": "dispensing"})
+    record = journal.get("crashed1")
+    assert record is not None
+    journal.record(record, Step.REVERSE_REQUEST, SaleState.REVERSING,
+                   detail={"trans_id": record.trans_id},
+                   message="interrupted before the dispense was confirmed")
+    journal.close()
+    if voided:  # the give-back the killed agent sent was made
+        async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
+            await service.payments.void_or_refund(record.trans_id)
+    agent = await agent_factory(sim=sim, clock=clock)
+
+    [event] = await clock.run(agent.recovery.wait(), horizon=600)
+
+    assert event.state is SaleState.REVERSED, event.message
+    [row] = await rows(agent.service, "KACRASHED1")
+    assert row.status is TransStatus.VOIDED
+    steps = [s.step for s in agent.journal.steps("crashed1")]
+    assert steps.count(Step.LATE_VEND) == 1, steps
+    noted = late_vended(agent.journal)["crashed1"]
+    assert (noted.product, noted.cents) == ("B1", 300)
+    assert noted.unsure.startswith("the agent stopped mid-vend"), noted
+    problem = agent.sales.late_vends.problem()
+    assert problem is not None
+    assert "sale crashed1" in problem, problem
+    assert agent.sales.late_vends.counts() == (0, 1)
+
+
+async def test_a_vend_left_in_flight_with_no_charge_id_is_told_before_a_person_decides(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path
+) -> None:
+    """A sale left dispensing with no charge id in its journal (a hand-edited or damaged one:
+    the flows write it with the approval). Recovery has no request step to share a commit with:
+    the vend it approved is told as a step of its own before anything else is decided; then
+    reporting cannot be waited on from ``dispensing`` (the table has no move to
+    ``unresolved``), so a person decides (``attention``), as before."""
+    sim = await sim_factory(time_scale=300, transactions=0)
+    clock = FakeClock(wall=time.time(), boot_id="fake-boot-2")
+    leave_open(tmp_path, state=SaleState.DISPENSING, product="B1",
+               sent_at=clock.time() - 1, sent_mono=clock.monotonic() - 1,
+               sent_boot="fake-boot-1", answer_by=clock.time() + 2)
+    agent = await agent_factory(sim=sim, clock=clock)
+
+    [event] = await clock.run(agent.recovery.wait(), horizon=600)
+
+    assert event.state is SaleState.ATTENTION, event.message
+    steps = [s.step for s in agent.journal.steps("crashed1")]
+    assert steps[-2:] == [Step.LATE_VEND, Step.RECOVERY_ERROR], steps
+    noted = late_vended(agent.journal)["crashed1"]
+    assert (noted.product, noted.cents) == ("B1", 300)
+    assert agent.sales.late_vends.counts() == (0, 1)
