@@ -24,6 +24,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import shutil
 import sqlite3
 import tempfile
@@ -132,7 +133,7 @@ CREATE TABLE IF NOT EXISTS sales (
 CREATE INDEX IF NOT EXISTS sales_state_created ON sales(state, created_at);
 CREATE INDEX IF NOT EXISTS sales_created ON sales(created_at);
 CREATE TABLE IF NOT EXISTS steps (
-    id       INTEGER PRIMARY KEY AUTOINCREMENT,
+    id       INTEGER PRIMARY KEY,
     sale_id  TEXT NOT NULL REFERENCES sales(sale_id),
     at       REAL NOT NULL,
     step     TEXT NOT NULL,
@@ -171,6 +172,13 @@ _LATE_INDEXES = {  # name: (its table, its statement)
 # Indexes a later one replaced (sales_state_created leads with the state): dropped on open, so a
 # write keeps one index of the state up to date, not two.
 _RETIRED_INDEXES = ("sales_state",)
+
+# The steps' ids come from the rowid (the highest one + 1), not AUTOINCREMENT: that rewrote its
+# row of sqlite_sequence, a WAL page, in every commit of a step (a window's three fsynced commits
+# and the floor's alike). An id is still never reused: only the prune deletes steps, and it
+# keeps the sale that holds the newest one (journal_prune.py). A journal made with it loses the
+# keyword on open (_steps_without_autoincrement): the same table on disk, no rebuild.
+_AUTOINCREMENT = re.compile(r"\s+AUTOINCREMENT\b", re.IGNORECASE)
 
 # Columns added after version 1, with their type: added in place to an older journal on open.
 _ADDED_COLUMNS = {
@@ -1229,6 +1237,7 @@ def _migrate(db: sqlite3.Connection) -> None:
                 db.execute(statement)
         _add_missing_columns(db)
         _move_beside(db)
+        _steps_without_autoincrement(db)
         for index in _RETIRED_INDEXES:
             db.execute(f"DROP INDEX IF EXISTS {index}")
         if int(db.execute("PRAGMA user_version").fetchone()[0]) < SCHEMA_VERSION:
@@ -1257,6 +1266,30 @@ def _add_missing_columns(db: sqlite3.Connection) -> None:
     for name, kind in _ADDED_COLUMNS.items():
         if name not in present:
             db.execute(f"ALTER TABLE sales ADD COLUMN {name} {kind}")
+
+
+def _steps_without_autoincrement(db: sqlite3.Connection) -> None:
+    """A journal whose ``steps`` table was made ``AUTOINCREMENT`` keeps it, without the keyword:
+    its text in the schema edited in place (SQLite's own way for a change that leaves every page
+    as it is: the table's rows, ids and indexes are the same either way), the schema's version
+    moved on so that every connection reads it again, its ``sqlite_sequence`` row dropped.
+    Inside the migration's transaction: instant on a year's journal (no table rebuilt)."""
+    row = db.execute(
+        "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'steps'"
+    ).fetchone()
+    if row is None or not _AUTOINCREMENT.search(str(row[0])):
+        return
+    version = int(db.execute("PRAGMA schema_version").fetchone()[0])
+    db.execute("PRAGMA writable_schema=ON")
+    try:
+        db.execute(
+            "UPDATE sqlite_master SET sql = ? WHERE type = 'table' AND name = 'steps'",
+            (_AUTOINCREMENT.sub("", str(row[0])),),
+        )
+        db.execute(f"PRAGMA schema_version={version + 1}")
+    finally:
+        db.execute("PRAGMA writable_schema=OFF")
+    db.execute("DELETE FROM sqlite_sequence WHERE name = 'steps'")
 
 
 def _move_beside(db: sqlite3.Connection) -> None:
