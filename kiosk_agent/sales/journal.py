@@ -855,10 +855,14 @@ class Journal(JournalReads, JournalPrune):
         updated = replaced(sale, state=new_state, updated_at=now, **changes)
         assignments = {k: v for k, v in changes.items() if k not in _BESIDE_COLUMNS}
         beside = len(assignments) != len(changes)
-        # each state's text as _value_: .value is two Python calls (enum's property), four a step
-        assignments["state"] = new_state._value_
-        assignments["updated_at"] = now
         expected = sale.state if if_state is None else if_state
+        if new_state is not expected:
+            # Set only when it moves: an UPDATE that names an indexed column rewrites the row's
+            # entry in that index even to the same value, a WAL page of sales_state_created in
+            # every commit of a step that keeps the state. The UPDATE's own check (state = was)
+            # already says the row holds it. Its text as _value_: .value is two Python calls.
+            assignments["state"] = new_state._value_
+        assignments["updated_at"] = now
         created = self._created
         if (created is not None and created.sale_id == sale.sale_id
                 and created.row["state"] == expected._value_ and step not in REOPENED_AFTER):
