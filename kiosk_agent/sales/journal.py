@@ -1277,7 +1277,9 @@ def _steps_without_autoincrement(db: sqlite3.Connection) -> None:
     its text in the schema edited in place (SQLite's own way for a change that leaves every page
     as it is: the table's rows, ids and indexes are the same either way), the schema's version
     moved on so that every connection reads it again, its ``sqlite_sequence`` row dropped.
-    Inside the migration's transaction: instant on a year's journal (no table rebuilt)."""
+    Inside the migration's transaction: instant on a year's journal (no table rebuilt). A SQLite
+    that refuses the edit (built or configured defensive) leaves the table as it was: the journal
+    works the same, a page more a commit."""
     row = db.execute(
         "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'steps'"
     ).fetchone()
@@ -1290,6 +1292,10 @@ def _steps_without_autoincrement(db: sqlite3.Connection) -> None:
             "UPDATE sqlite_master SET sql = ? WHERE type = 'table' AND name = 'steps'",
             (_AUTOINCREMENT.sub("", str(row[0])),),
         )
+    except sqlite3.DatabaseError as err:  # the statement alone failed: nothing changed
+        _LOGGER.info("journal: the steps table keeps AUTOINCREMENT (%s)", err)
+        return
+    else:
         db.execute(f"PRAGMA schema_version={version + 1}")
     finally:
         db.execute("PRAGMA writable_schema=OFF")

@@ -201,3 +201,38 @@ def test_prune_keeps_the_sale_of_the_newest_step_so_no_step_id_is_given_twice(
     # once another sale holds the newest step, the one that held it goes too
     assert journal.prune(keep_days=1, now=time.time() + 30 * 86400) == 1
     assert [s.sale_id for s in journal.query()] == ["s5"]
+
+
+class _Defensive:
+    """A connection whose SQLite refuses to edit the schema's text (SQLITE_DBCONFIG_DEFENSIVE,
+    which a build may set): every other statement goes through."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+
+    def execute(self, sql: str, *args: object) -> sqlite3.Cursor:
+        if sql.startswith("UPDATE sqlite_master"):
+            raise sqlite3.OperationalError("table sqlite_master may not be modified")
+        return self.db.execute(sql, *args)
+
+
+def test_a_sqlite_that_refuses_the_edit_leaves_the_steps_table_as_it_was(tmp_path: Path) -> None:
+    path = tmp_path / "journal.db"
+    _journal_made_before(path, 1)
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("BEGIN IMMEDIATE")
+    journal_module._steps_without_autoincrement(_Defensive(db))  # type: ignore[arg-type]
+    db.execute("COMMIT")
+    assert "AUTOINCREMENT" in db.execute(
+        "SELECT sql FROM sqlite_master WHERE name = 'steps'").fetchone()[0]
+    assert db.execute("SELECT COUNT(*) FROM sqlite_sequence WHERE name = 'steps'").fetchone() == (
+        1,)
+    assert db.execute("PRAGMA writable_schema").fetchone() == (0,)
+    db.close()
+    journal = Journal(path)  # then opened where SQLite allows it: migrated, taking steps
+    journal.open()
+    try:
+        walk_to(journal, journal.create(new_sale(2)), SaleState.COMPLETED)
+    finally:
+        journal.close()
+    assert integrity(path) == []
