@@ -66,12 +66,12 @@ _INSERT_SEND = (
     "sent_mono = excluded.sent_mono, sent_boot = excluded.sent_boot"
 )
 _ACCEPTED = (
-    "UPDATE sales SET interaction_id = ?, interaction_kind = 'charge_card', state = 'charging', "
+    "UPDATE sales SET interaction_id = ?, interaction_kind = 'charge_card', "
     "updated_at = ? WHERE sale_id = ? AND state = 'charging'"
 )
 _APPROVED = (  # with the dispense request (a batch's steps of one sale: one UPDATE)
     "UPDATE sales SET trans_id = ?, authorized_cents = ?, captured_cents = ?, "
-    "state = 'dispensing', updated_at = ?, message = ? WHERE sale_id = ? AND state = 'charging'"
+    "updated_at = ?, message = ?, state = 'dispensing' WHERE sale_id = ? AND state = 'charging'"
 )
 _COMPLETED = (
     "UPDATE sales SET vended_cents = ?, message = ?, finished_at = ?, state = 'completed', "

@@ -24,6 +24,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import shutil
 import sqlite3
 import tempfile
@@ -132,7 +133,7 @@ CREATE TABLE IF NOT EXISTS sales (
 CREATE INDEX IF NOT EXISTS sales_state_created ON sales(state, created_at);
 CREATE INDEX IF NOT EXISTS sales_created ON sales(created_at);
 CREATE TABLE IF NOT EXISTS steps (
-    id       INTEGER PRIMARY KEY AUTOINCREMENT,
+    id       INTEGER PRIMARY KEY,
     sale_id  TEXT NOT NULL REFERENCES sales(sale_id),
     at       REAL NOT NULL,
     step     TEXT NOT NULL,
@@ -171,6 +172,13 @@ _LATE_INDEXES = {  # name: (its table, its statement)
 # Indexes a later one replaced (sales_state_created leads with the state): dropped on open, so a
 # write keeps one index of the state up to date, not two.
 _RETIRED_INDEXES = ("sales_state",)
+
+# The steps' ids come from the rowid (the highest one + 1), not AUTOINCREMENT: that rewrote its
+# row of sqlite_sequence, a WAL page, in every commit of a step (a window's three fsynced commits
+# and the floor's alike). An id is still never reused: only the prune deletes steps, and it
+# keeps the sale that holds the newest one (journal_prune.py). A journal made with it loses the
+# keyword on open (_steps_without_autoincrement): the same table on disk, no rebuild.
+_AUTOINCREMENT = re.compile(r"\s+AUTOINCREMENT\b", re.IGNORECASE)
 
 # Columns added after version 1, with their type: added in place to an older journal on open.
 _ADDED_COLUMNS = {
@@ -847,10 +855,14 @@ class Journal(JournalReads, JournalPrune):
         updated = replaced(sale, state=new_state, updated_at=now, **changes)
         assignments = {k: v for k, v in changes.items() if k not in _BESIDE_COLUMNS}
         beside = len(assignments) != len(changes)
-        # each state's text as _value_: .value is two Python calls (enum's property), four a step
-        assignments["state"] = new_state._value_
-        assignments["updated_at"] = now
         expected = sale.state if if_state is None else if_state
+        if new_state is not expected:
+            # Set only when it moves: an UPDATE that names an indexed column rewrites the row's
+            # entry in that index even to the same value, a WAL page of sales_state_created in
+            # every commit of a step that keeps the state. The UPDATE's own check (state = was)
+            # already says the row holds it. Its text as _value_: .value is two Python calls.
+            assignments["state"] = new_state._value_
+        assignments["updated_at"] = now
         created = self._created
         if (created is not None and created.sale_id == sale.sale_id
                 and created.row["state"] == expected._value_ and step not in REOPENED_AFTER):
@@ -1229,6 +1241,7 @@ def _migrate(db: sqlite3.Connection) -> None:
                 db.execute(statement)
         _add_missing_columns(db)
         _move_beside(db)
+        _steps_without_autoincrement(db)
         for index in _RETIRED_INDEXES:
             db.execute(f"DROP INDEX IF EXISTS {index}")
         if int(db.execute("PRAGMA user_version").fetchone()[0]) < SCHEMA_VERSION:
@@ -1257,6 +1270,36 @@ def _add_missing_columns(db: sqlite3.Connection) -> None:
     for name, kind in _ADDED_COLUMNS.items():
         if name not in present:
             db.execute(f"ALTER TABLE sales ADD COLUMN {name} {kind}")
+
+
+def _steps_without_autoincrement(db: sqlite3.Connection) -> None:
+    """A journal whose ``steps`` table was made ``AUTOINCREMENT`` keeps it, without the keyword:
+    its text in the schema edited in place (SQLite's own way for a change that leaves every page
+    as it is: the table's rows, ids and indexes are the same either way), the schema's version
+    moved on so that every connection reads it again, its ``sqlite_sequence`` row dropped.
+    Inside the migration's transaction: instant on a year's journal (no table rebuilt). A SQLite
+    that refuses the edit (built or configured defensive) leaves the table as it was: the journal
+    works the same, a page more a commit."""
+    row = db.execute(
+        "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'steps'"
+    ).fetchone()
+    if row is None or not _AUTOINCREMENT.search(str(row[0])):
+        return
+    version = int(db.execute("PRAGMA schema_version").fetchone()[0])
+    db.execute("PRAGMA writable_schema=ON")
+    try:
+        db.execute(
+            "UPDATE sqlite_master SET sql = ? WHERE type = 'table' AND name = 'steps'",
+            (_AUTOINCREMENT.sub("", str(row[0])),),
+        )
+    except sqlite3.DatabaseError as err:  # the statement alone failed: nothing changed
+        _LOGGER.info("journal: the steps table keeps AUTOINCREMENT (%s)", err)
+        return
+    else:
+        db.execute(f"PRAGMA schema_version={version + 1}")
+    finally:
+        db.execute("PRAGMA writable_schema=OFF")
+    db.execute("DELETE FROM sqlite_sequence WHERE name = 'steps'")
 
 
 def _move_beside(db: sqlite3.Connection) -> None:

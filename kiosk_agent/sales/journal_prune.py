@@ -130,6 +130,10 @@ class JournalPrune:
             f"WHERE created_at < :cutoff AND state NOT IN ({kept}) "
             "AND (created_at, rowid) > (:after_at, :after_rowid) "
             "AND (SELECT MIN(id) FROM steps WHERE steps.sale_id = sales.sale_id) < :young_first "
+            # the sale that holds the newest step stays: a step's id is the highest one + 1
+            # (no AUTOINCREMENT, journal.py), so deleting it would give its id again, and the
+            # audit's marks and the late-vend read take an id for a place in time
+            "AND sale_id IS NOT (SELECT sale_id FROM steps WHERE id = (SELECT MAX(id) FROM steps)) "
             "AND NOT EXISTS (SELECT 1 FROM sale_sends WHERE sale_sends.sale_id = sales.sale_id "
             "AND sale_sends.sent_boot = :boot AND sale_sends.sent_mono > :mono_cutoff) "
             "ORDER BY created_at, rowid LIMIT :batch"

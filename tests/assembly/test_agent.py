@@ -498,7 +498,8 @@ async def test_a_vended_sale_past_keep_days_is_not_given_back_by_the_charge_chec
 
 async def _a_unit_with_a_month_old_sale(tmp_path: Path, sim_factory: Any) -> tuple[Path, Any]:
     """A configuration keeping a day of sales, its journal holding one completed a month ago
-    (due for the prune), and the simulator it names."""
+    (due for the prune) and one after it (the sale of the newest step: the prune keeps it, so
+    no step id is given twice), and the simulator it names."""
     from kiosk_agent.sales.journal import Journal
     from tests.helpers import walk_to
     from tests.sales.test_journal import new_sale
@@ -507,6 +508,7 @@ async def _a_unit_with_a_month_old_sale(tmp_path: Path, sim_factory: Any) -> tup
     journal = Journal(tmp_path / "journal.db", month_ago)
     journal.open()
     walk_to(journal, journal.create(new_sale(1)), SaleState.COMPLETED)
+    walk_to(journal, journal.create(new_sale(2)), SaleState.COMPLETED)
     journal.close()
     sim = await sim_factory(time_scale=300, transactions=0)
     config_path = write_config(tmp_path)
@@ -524,9 +526,9 @@ async def test_old_sales_are_pruned_after_ready_not_on_the_way_to_it(
     agent = Agent(load_config(config_path), settings_from_ready(sim.ready_info(), timeout=5.0))
     await agent.start()
     try:
-        assert [s.sale_id for s in agent.journal.query()] == ["s1"]  # ready, not pruned yet
+        assert [s.sale_id for s in agent.journal.query()] == ["s2", "s1"]  # ready, not pruned
         await asyncio.wait_for(agent.settled.wait(), 30)
-        assert agent.journal.query() == []
+        assert [s.sale_id for s in agent.journal.query()] == ["s2"]
     finally:
         await agent.stop()
 
@@ -549,10 +551,10 @@ async def test_the_prunes_batches_wait_for_no_sale_to_be_running(
     try:
         await asyncio.wait_for(agent.settling.done.wait(), 30)  # then the prune begins
         await asyncio.sleep(0.3)
-        assert [s.sale_id for s in agent.journal.query()] == ["s1"]  # waiting for the sale
+        assert [s.sale_id for s in agent.journal.query()] == ["s2", "s1"]  # waiting for it
         selling = False
         await asyncio.wait_for(agent.settled.wait(), 30)
-        assert agent.journal.query() == []
+        assert [s.sale_id for s in agent.journal.query()] == ["s2"]
     finally:
         await agent.stop()
 

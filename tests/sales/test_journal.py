@@ -296,6 +296,7 @@ def test_prune_never_forgets_a_sale_the_charge_check_still_sees(journal: Journal
     with ``keep_days: 1`` a vended sale of 2 days ago, pruned, was refunded at the next start."""
     done = journal.create(new_sale(1))
     walk_to(journal, done, SaleState.COMPLETED)
+    journal.create(new_sale(99))  # open, so kept: the sale of the newest step (the prune keeps it)
     assert journal.prune(keep_days=1, now=time.time() + 2 * DAY) == 0
     assert journal.prune(keep_days=1, now=time.time() + CHARGE_LOOKBACK_S - 1) == 0
     assert journal.prune(keep_days=1, now=time.time() + CHARGE_LOOKBACK_S + 1.5 * DAY) == 1
@@ -333,6 +334,7 @@ def test_prune_keeps_the_only_sale_dated_back_while_its_send_is_young_on_this_bo
                        sent_mono=sent.mono, sent_boot=sent.boot)
         walk_to(journal, sale, SaleState.COMPLETED)
         clock.step_wall(3 * 365 * DAY)  # NTP
+        journal.create(new_sale(99))  # open, so kept: the sale of the newest step (kept too)
         assert journal.prune(keep_days=400) == 0
         clock.reboot("fake-boot-2")  # another boot: only the wall can tell, and says old
         assert journal.prune(keep_days=400) == 1
@@ -367,6 +369,7 @@ def test_prune_waits_for_no_sale_running_before_each_batch_at_most_idle_wait(
     sale runs, or after ``idle_wait`` all the same (a unit that never stops selling prunes)."""
     for n in range(6):
         walk_to(journal, journal.create(new_sale(n)), SaleState.COMPLETED)
+    journal.create(new_sale(99))  # open, so kept: the sale of the newest step (the prune keeps it)
     later = time.time() + 30 * DAY
     seen: list[str] = []  # what happened, in order
     selling = iter([True, True, False, True, True, True, True, True, False])
@@ -392,7 +395,7 @@ def test_prune_waits_for_no_sale_running_before_each_batch_at_most_idle_wait(
         "sleep 0.02",  # its pause
         "idle",  # the batch that finds none left
     ]
-    assert journal.query() == []
+    assert [s.sale_id for s in journal.query()] == ["s99"]
 
 
 def test_prune_stops_while_it_waits_for_the_sales(journal: Journal) -> None:
@@ -457,6 +460,7 @@ def test_a_prune_gives_way_at_most_three_batches_in_a_row(
     """A unit that never stops selling still prunes: the fourth batch in a row holds its turn."""
     for n in range(2):
         walk_to(journal, journal.create(new_sale(n)), SaleState.COMPLETED)
+    journal.create(new_sale(99))  # open, so kept: the sale of the newest step (the prune keeps it)
     picked = journal_prune._picked
     may_give_way: list[bool] = []  # each batch's
 
@@ -470,7 +474,7 @@ def test_a_prune_gives_way_at_most_three_batches_in_a_row(
     monkeypatch.setattr(journal_prune, "_picked", a_sale_writes_each_time)
     assert journal.prune(keep_days=1, now=time.time() + 30 * DAY, batch=5) == 2
     assert may_give_way == [True, True, True, False]
-    assert journal.query() == []
+    assert [s.sale_id for s in journal.query()] == ["s99"]
 
 
 def test_a_prunes_commit_does_not_fsync_inside_the_write_lock(
@@ -479,6 +483,7 @@ def test_a_prunes_commit_does_not_fsync_inside_the_write_lock(
     """A COMMIT cannot give way: the prune's connection commits without an fsync of its own
     (synchronous=NORMAL); the agent's next commit, FULL, makes its frames durable."""
     walk_to(journal, journal.create(new_sale(1)), SaleState.COMPLETED)
+    journal.create(new_sale(99))  # open, so kept: the sale of the newest step (the prune keeps it)
     connect = sqlite3.connect
     said: list[str] = []
 
