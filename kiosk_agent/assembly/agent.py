@@ -586,7 +586,7 @@ class Agent:
             setattr(self.unit, name, getattr(found, name))
         if self.unit.mismatch and (confirmed or was != found.id):
             _LOGGER.error("%s", self.unit.refusal())
-        elif not confirmed and self.started:
+        elif not confirmed and self.unit.confirmed and self.started:  # refused until now
             if was == found.id:  # the journal holds it again (it could not be read)
                 _LOGGER.warning("journal: the unit's id is read again: unit %s", found.id)
             else:
