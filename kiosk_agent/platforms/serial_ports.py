@@ -44,28 +44,8 @@ def serial_ports_present(patterns: tuple[str, ...] = SERIAL_PORT_PATTERNS) -> li
 
 def port_holder(port: str) -> str:
     """Who holds ``port`` (a device node another process has ``flock``ed, as the serial link
-    does): ``pid 812: /opt/.../python -m kiosk_agent run -c ...`` from ``/proc/locks`` and the
-    holder's command line, or ``another process`` where that cannot be read (another user's
-    process in a namespace this one cannot see)."""
-    import os
+    does): ``pid 812: /opt/.../python -m kiosk_agent run -c ...``, or ``another process``
+    where that cannot be read (another user's process in a namespace this one cannot see)."""
+    from kiosk_agent.lock_holders import describe, holders
 
-    try:
-        node = os.stat(port)
-        with open("/proc/locks", encoding="ascii", errors="replace") as locks:
-            table = locks.read()
-    except OSError:
-        return "another process"
-    here = f"{os.major(node.st_dev):02x}:{os.minor(node.st_dev):02x}:{node.st_ino}"
-    for line in table.splitlines():
-        fields = line.split()  # "1: FLOCK ADVISORY WRITE 812 00:1a:5 0 EOF" ("->" when blocked)
-        if "->" in fields or len(fields) < 6 or fields[1] != "FLOCK" or fields[5] != here:
-            continue
-        pid = fields[4]
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as found:
-                raw = found.read()
-        except OSError:
-            return f"pid {pid}"
-        command = " ".join(p.decode(errors="replace") for p in raw.split(b"\0") if p)
-        return f"pid {pid}: {command[:300]}" if command else f"pid {pid}"
-    return "another process"
+    return describe(holders(port, kind="FLOCK"))

@@ -239,6 +239,7 @@ UNSYNCED_STEPS = frozenset({Step.READ_CARD_ACCEPTED, Step.DISPENSE_CHOSEN})
 FSYNC_SHARED_TURNS = 2
 # A write refused for the lock (another process holds it) touched no page of the journal.
 _LOCK_REFUSED = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
+_WAL_WRITE_LOCK_BYTE = 120  # the WAL write lock's byte in the -shm file (SQLite's unix VFS)
 
 # a sale's flow is fixed: the states it may be in follow from it
 _UPDATABLE = _COLUMN_SET - {"sale_id", "order_id", "created_at", "flow"}
@@ -993,14 +994,30 @@ class Journal(JournalReads, JournalPrune):
 
     def _write_failed(self, err: sqlite3.Error) -> JournalError:
         # a full or failing disk: the flow must stop before the call this step announces
-        failed = JournalError(f"cannot write the journal at {self.path}: {err}")
-        if (getattr(err, "sqlite_errorcode", None) or 0) & 0xFF not in _LOCK_REFUSED:
+        code = (getattr(err, "sqlite_errorcode", None) or 0) & 0xFF
+        failed = JournalError(f"cannot write the journal at {self.path}: {err}"
+                              + (self._lock_held_by() if code == sqlite3.SQLITE_BUSY else ""))
+        if code not in _LOCK_REFUSED:
             # Pages written before it may be lost with it, a waiter's among them (the WAL is one
             # file), and Linux reports a failed writeback once: a later fdatasync could succeed
             # over pages never written. What waits for an fsync is not durable.
             self._fail_waiters(failed)
         self._tell(failed)
         return failed
+
+    def _lock_held_by(self) -> str:
+        """Who kept the write lock past the busy wait, where another process did (a tech's
+        ``sqlite3`` shell in a transaction, a copy of the agent): SQLite's WAL write lock is a
+        POSIX lock on byte 120 of the ``-shm`` file (``WALINDEX_LOCK_OFFSET``), read from the
+        kernel's table; the agent's own threads are not named (they give way)."""
+        from kiosk_agent.lock_holders import describe, holders
+
+        found = holders(self.path.with_name(self.path.name + "-shm"), kind="POSIX",
+                        byte=_WAL_WRITE_LOCK_BYTE)
+        if not found:
+            return ""
+        return (f" (its write lock is held by another process: {describe(found)}; end that "
+                "process's transaction, or the process)")
 
     def _tell(self, err: JournalError | None) -> None:
         if self.on_write is not None:

@@ -1,0 +1,162 @@
+"""A tech's shell on the journal while the unit sells, as real processes see it.
+
+The agent (`kiosk-agent run`, a virtual machine whose customers come back to back, the
+simulator over HTTP) sells while a tech runs the reading commands and a `sqlite3` shell on its
+journal on disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .agent_process import MACHINE, AgentProcess, money_agrees, sale_in, states, write_config
+
+SQLITE3 = shutil.which("sqlite3")
+
+
+class Shell:
+    """The `sqlite3` command-line shell on the journal, as a tech opens it."""
+
+    def __init__(self, journal: Path) -> None:
+        self.journal = journal
+        self.proc: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> Shell:
+        assert SQLITE3 is not None
+        self.proc = await asyncio.create_subprocess_exec(
+            SQLITE3, str(self.journal), stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        return self
+
+    async def run(self, sql: str, within: float = 30.0) -> str:
+        """``sql`` typed in; what the shell answered, up to a marker it echoes after it."""
+        assert self.proc is not None
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
+        self.proc.stdin.write(f"{sql}\nSELECT 'done-marker';\n".encode())
+        await self.proc.stdin.drain()
+        said = b""
+        async with asyncio.timeout(within):
+            while b"done-marker" not in said:
+                said += await self.proc.stdout.readline()
+        return said.decode().replace("done-marker\n", "")
+
+    async def close(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            async with asyncio.timeout(30):
+                await self.proc.wait()
+
+
+async def cli(agent: AgentProcess, *args: str) -> tuple[int, str, str]:
+    """Another command of the same unit, run beside the agent: its exit code and output."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "kiosk_agent", *args, "-c", str(agent.config),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=agent.env,
+    )  # fmt: skip
+    async with asyncio.timeout(60):
+        out, err = await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+def completed(journal: Path) -> set[str]:
+    return {sale for sale, state in states(journal).items() if state == "completed"}
+
+
+async def more_completed(journal: Path, than: set[str], count: int, within: float = 30) -> None:
+    async with asyncio.timeout(within):
+        while len(completed(journal) - than) < count:
+            await asyncio.sleep(0.05)
+
+
+NO_SHELL = pytest.mark.skipif(SQLITE3 is None, reason="no sqlite3 shell on this machine")
+
+
+@NO_SHELL
+@pytest.mark.slow(seconds=20)
+async def test_a_shell_holding_the_write_lock_is_named_and_the_readers_never_wait_for_it(
+    sim_factory: Any, tmp_path: Path
+) -> None:
+    """`BEGIN IMMEDIATE;` typed in a `sqlite3` shell while the unit sells: every reading
+    command (`sales`, its CSV export, `sales late-vends`, `sales attention`, `doctor`, `unit
+    show`) answers at once, as none of them takes the journal's write lock (each would wait out
+    SQLite's busy wait, 5 s, and fail with "database is locked"); the agent's next write finds
+    the lock held past its busy wait, goes out of service and names the shell by pid and
+    command line; `ROLLBACK;` and it sells again, nothing lost (the ledger and the journal
+    agree)."""
+    sim = await sim_factory(time_scale=50, seed=3, transactions=0)
+    journal = tmp_path / "journal.db"
+    agent = AgentProcess(write_config(tmp_path, sim, journal, MACHINE), sim)
+    shell = Shell(journal)
+    try:
+        await agent.start()
+        await agent.wait_ready()
+        first = await sale_in(journal, "completed")
+        await shell.start()
+        assert shell.proc is not None
+        await shell.run("BEGIN IMMEDIATE;")
+        for args in (("sales", "--format", "json"), ("sales", "--format", "csv"),
+                     ("sales", "late-vends"), ("sales", "attention"), ("doctor",),
+                     ("unit", "show", "--json")):  # fmt: skip
+            code, out, err = await cli(agent, *args)
+            assert code == 0, (args, err[-2000:])
+            assert "database is locked" not in out + err, args
+            if args[0:2] == ("sales", "--format"):
+                assert first in out, args
+        await agent.wait_for_log(
+            f"its write lock is held by another process: pid {shell.proc.pid}: {SQLITE3} "
+            f"{journal}", within=30,
+        )  # fmt: skip
+        assert "journal NOT writable" in agent.text()  # out of service, said
+        held = completed(journal)
+        await shell.run("ROLLBACK;")
+        await agent.wait_for_log("journal takes writes again")
+        await more_completed(journal, held, 2)  # selling again
+        agent.send(signal.SIGTERM)
+        assert await agent.exit_code() == 0, agent.text()[-3000:]
+    finally:
+        await shell.close()
+        await agent.close()
+    await money_agrees(sim, journal)
+
+
+@NO_SHELL
+@pytest.mark.slow(seconds=20)
+async def test_a_shell_holding_a_read_transaction_keeps_no_customer_waiting(
+    sim_factory: Any, tmp_path: Path
+) -> None:
+    """`BEGIN; SELECT ...;` left open in a `sqlite3` shell (a snapshot held): the agent's
+    commits go on (WAL readers never block the writer), back-to-back sales complete, and the
+    journal is never found unwritable; the WAL cannot be checkpointed past the shell's snapshot
+    meanwhile and grows, and shrinks back once the shell lets go."""
+    sim = await sim_factory(time_scale=50, seed=3, transactions=0)
+    journal = tmp_path / "journal.db"
+    agent = AgentProcess(write_config(tmp_path, sim, journal, MACHINE), sim)
+    shell = Shell(journal)
+    try:
+        await agent.start()
+        await agent.wait_ready()
+        await sale_in(journal, "completed")
+        await shell.start()
+        said = await shell.run("BEGIN; SELECT count(*) FROM steps;")
+        before = completed(journal)
+        await more_completed(journal, before, 3)
+        assert (await shell.run("SELECT count(*) FROM steps;")) == said  # its snapshot held
+        assert "NOT writable" not in agent.text()
+        await shell.run("COMMIT;")
+        agent.send(signal.SIGTERM)
+        assert await agent.exit_code() == 0, agent.text()[-3000:]
+    finally:
+        await shell.close()
+        await agent.close()
+    await money_agrees(sim, journal)
