@@ -773,10 +773,14 @@ class Agent:
         journal write's does (a failure takes the unit out of service before the round ends)."""
         try:
             self.event_log.probe()
+        except sqlite3.Error as err:  # a lock another process holds is named, as any write's
+            self.journal_guard.written(self.journal.refusal(err))
+            raise
         except Exception as err:
             self.journal_guard.written(JournalError(f"cannot write the journal at "
                                                     f"{self.journal.path}: {err}"))
             raise
+        self.journal.wrote()
         self.journal_guard.written(None)
 
     # -- terminals -------------------------------------------------------------------------------

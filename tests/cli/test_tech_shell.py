@@ -10,12 +10,19 @@ from __future__ import annotations
 import asyncio
 import shutil
 import signal
+import socket
+import sqlite3
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
+from kiosk_agent.sales.journal import Journal, JournalError
+
+from ..sales.test_journal import new_sale
 from .agent_process import MACHINE, AgentProcess, money_agrees, sale_in, states, write_config
 
 SQLITE3 = shutil.which("sqlite3")
@@ -34,6 +41,7 @@ class Shell:
             SQLITE3, str(self.journal), stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         )  # fmt: skip
+        await self.run(".timeout 5000")  # as a tech's would: else a commit under way refuses it
         return self
 
     async def run(self, sql: str, within: float = 30.0) -> str:
@@ -69,6 +77,32 @@ async def cli(agent: AgentProcess, *args: str) -> tuple[int, str, str]:
     return proc.returncode, out.decode(), err.decode()
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def admin(port: int) -> str:
+    return f"""\
+admin:
+  port: {port}
+  tokens: [{{name: tech, token: !env_var KIOSK_ADMIN_TOKEN}}]
+"""
+
+
+async def health_answers_within(port: int, seconds: float) -> bool:
+    """Whether the agent's /api/health answered within ``seconds`` (its event loop turned)."""
+    token = {"Authorization": "Bearer an-admin-token-of-at-least-24-chars"}
+    began = time.monotonic()
+    async with aiohttp.ClientSession() as http, http.get(
+        f"http://127.0.0.1:{port}/api/health", headers=token
+    ) as answer:
+        await answer.read()
+    return time.monotonic() - began < seconds
+
+
 def completed(journal: Path) -> set[str]:
     return {sale for sale, state in states(journal).items() if state == "completed"}
 
@@ -96,7 +130,8 @@ async def test_a_shell_holding_the_write_lock_is_named_and_the_readers_never_wai
     agree)."""
     sim = await sim_factory(time_scale=50, seed=3, transactions=0)
     journal = tmp_path / "journal.db"
-    agent = AgentProcess(write_config(tmp_path, sim, journal, MACHINE), sim)
+    port = free_port()
+    agent = AgentProcess(write_config(tmp_path, sim, journal, MACHINE + admin(port)), sim)
     shell = Shell(journal)
     try:
         await agent.start()
@@ -104,7 +139,7 @@ async def test_a_shell_holding_the_write_lock_is_named_and_the_readers_never_wai
         first = await sale_in(journal, "completed")
         await shell.start()
         assert shell.proc is not None
-        await shell.run("BEGIN IMMEDIATE;")
+        assert await shell.run("BEGIN IMMEDIATE;") == ""  # taken
         for args in (("sales", "--format", "json"), ("sales", "--format", "csv"),
                      ("sales", "late-vends"), ("sales", "attention"), ("doctor",),
                      ("unit", "show", "--json")):  # fmt: skip
@@ -118,6 +153,10 @@ async def test_a_shell_holding_the_write_lock_is_named_and_the_readers_never_wai
             f"{journal}", within=30,
         )  # fmt: skip
         assert "journal NOT writable" in agent.text()  # out of service, said
+        # the event loop is not held in SQLite's busy wait while the shell keeps the lock: the
+        # admin API answers (it stood still up to 15 s at a time, 20 s of 20, before)
+        for _ in range(5):
+            assert await health_answers_within(port, 4.0)
         held = completed(journal)
         await shell.run("ROLLBACK;")
         await agent.wait_for_log("journal takes writes again")
@@ -160,3 +199,42 @@ async def test_a_shell_holding_a_read_transaction_keeps_no_customer_waiting(
         await shell.close()
         await agent.close()
     await money_agrees(sim, journal)
+
+
+@NO_SHELL
+async def test_a_lock_held_by_another_process_is_waited_for_briefly_until_a_write_goes_through(
+    tmp_path: Path,
+) -> None:
+    """The journal on disk, the lock held by a real `sqlite3` shell: the first write waits the
+    busy wait (5 s) and fails naming the shell; the next ones find it held within 0.1 s, not
+    5 s (SQLite's wait is on the event loop's thread); the first write that goes through sets
+    the busy wait back to 5 s."""
+    journal = Journal(tmp_path / "journal.db")
+    journal.open()
+    shell = Shell(journal.path)
+    try:
+        await shell.start()
+        assert shell.proc is not None
+        assert await shell.run("BEGIN IMMEDIATE;") == ""  # taken
+        sale = new_sale(1)
+        began = time.monotonic()
+        with pytest.raises(JournalError, match=rf"held by another process: pid {shell.proc.pid}"):
+            await asyncio.to_thread(journal.create, sale)
+        assert time.monotonic() - began >= 4.9  # the busy wait, for a lock that may be brief
+        assert journal.db.execute("PRAGMA busy_timeout").fetchone()[0] == 100
+        began = time.monotonic()
+        with pytest.raises(JournalError, match="database is locked"):
+            await asyncio.to_thread(journal.create, sale)
+        assert journal.db.execute("PRAGMA busy_timeout").fetchone()[0] == 100
+        await shell.run("ROLLBACK;")
+        journal.create(sale)
+        assert journal.db.execute("PRAGMA busy_timeout").fetchone()[0] == 5000
+        assert journal.get("s1") is not None
+    finally:
+        await shell.close()
+        journal.close()
+    db = sqlite3.connect(journal.path)
+    try:
+        assert db.execute("SELECT count(*) FROM sales").fetchone()[0] == 1
+    finally:
+        db.close()
