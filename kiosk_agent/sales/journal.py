@@ -24,6 +24,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import shutil
 import sqlite3
 import tempfile
@@ -1275,7 +1276,13 @@ def _refuse_newer(db: sqlite3.Connection, path: Path) -> None:
 
 def _migrate(db: sqlite3.Connection) -> None:
     """Bring the journal to this schema in one transaction; the version is written inside it,
-    so it never says more than the tables hold (a failed migration leaves the old version)."""
+    so it never says more than the tables hold (a failed migration leaves the old version).
+    A journal already at this schema is only read: the transaction takes the write lock, and
+    a command that opens the journal to write beside the running agent (``sales resolve``,
+    ``sales late-vends --ack``, ``unit adopt``) took it for nothing, ahead of a customer's
+    commit."""
+    if _up_to_date(db):
+        return
     with transaction(db):
         for statement in _SCHEMA.split(";"):
             if statement.strip():
@@ -1286,6 +1293,22 @@ def _migrate(db: sqlite3.Connection) -> None:
             db.execute(f"DROP INDEX IF EXISTS {index}")
         if int(db.execute("PRAGMA user_version").fetchone()[0]) < SCHEMA_VERSION:
             db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+
+_SCHEMA_NAMES = frozenset(re.findall(r"CREATE (?:TABLE|INDEX) IF NOT EXISTS (\w+)", _SCHEMA))
+
+
+def _up_to_date(db: sqlite3.Connection) -> bool:
+    """Whether :func:`_migrate` would change nothing: this version, every table and index of
+    the schema, no retired index, every added column and none of those kept beside (read in
+    a read transaction: no write lock)."""
+    if int(db.execute("PRAGMA user_version").fetchone()[0]) != SCHEMA_VERSION:
+        return False
+    names = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
+    if not names >= _SCHEMA_NAMES or names & set(_RETIRED_INDEXES):
+        return False
+    columns = {row[1] for row in db.execute("PRAGMA table_info(sales)")}
+    return set(_ADDED_COLUMNS) <= columns and not columns & _BESIDE_COLUMNS
 
 
 def _late_indexes(db: sqlite3.Connection) -> tuple[str, ...]:
