@@ -1,7 +1,8 @@
-"""Who holds a lock on a file, from the kernel's table (``/proc/locks``): the process another
-program's lock keeps this one waiting on, named in the refusal. Light (no asyncio, nothing of
-the project): the serial link (a reader ``flock``ed by another agent) and the journal (its
-write lock held by a ``sqlite3`` shell) take it from here."""
+"""Who holds a lock on a file, from the kernel's table (``/proc/locks``), or listens on a TCP
+port (``/proc/net/tcp``): the process another program's lock or socket keeps this one out
+with, named in the refusal. Light (no asyncio, nothing of the project): the serial link (a
+reader ``flock``ed by another agent), the journal (its write lock held by a ``sqlite3``
+shell) and the kiosk API (its port taken by another agent) take it from here."""
 
 from __future__ import annotations
 
@@ -34,6 +35,39 @@ def holders(path: str | os.PathLike[str], *, kind: str, byte: int | None = None)
         pid = fields[4]
         if pid != me and pid.isdigit() and pid not in found:
             found.append(pid)
+    return [_named(pid) for pid in found]
+
+
+def listeners(port: int) -> list[str]:
+    """Each other process listening on TCP ``port`` (any address, IPv4 or IPv6), as ``pid 812:
+    its command line``: the sockets' inodes from ``/proc/net/tcp*``, then the processes whose
+    descriptors are those sockets (another user's are not readable: none named)."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii", errors="replace") as sockets:
+                rows = sockets.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()  # sl local_address rem_address st ... uid timeout inode
+            if len(fields) > 9 and fields[3] == "0A" and fields[1].endswith(f":{port:04X}"):
+                inodes.add(f"socket:[{fields[9]}]")
+    found: list[str] = []
+    if not inodes:
+        return found
+    me = str(os.getpid())
+    try:
+        pids = [pid for pid in os.listdir("/proc") if pid.isdigit() and pid != me]
+    except OSError:
+        return found
+    for pid in pids:
+        try:
+            descriptors = os.listdir(f"/proc/{pid}/fd")
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") in inodes for fd in descriptors):
+                found.append(pid)
+        except OSError:
+            continue
     return [_named(pid) for pid in found]
 
 

@@ -22,6 +22,7 @@ import pytest
 from ..helpers import sim_call, until
 from ..platforms.vending_rig import LineDevice
 from .agent_process import AgentProcess, money_agrees, sale_reaches, states, write_config
+from .test_tech_shell import free_port
 
 
 def _machine(port: str) -> str:
@@ -101,3 +102,40 @@ async def test_a_second_agent_on_the_reader_never_touches_it_and_names_who_holds
         await tech.close()
         adapter.close()
     await money_agrees(sim, journal)
+
+
+@pytest.mark.slow(seconds=8)
+async def test_a_second_agent_on_the_kiosk_apis_port_names_who_serves_it(
+    sim_factory: Any, tmp_path: Path
+) -> None:
+    """The same with a touchscreen kiosk: the second agent's kiosk API finds its port taken. It
+    logged a traceback ("trigger kiosk_api:screen cannot start", address already in use); now
+    one line naming the process that serves the port, by pid and command line, and the agent
+    runs on without that trigger (health says it is not ready to sell there)."""
+    sim = await sim_factory(time_scale=50, seed=3, transactions=0)
+    port = free_port()
+    screen = f"""\
+triggers:
+  - {{platform: kiosk_api, name: screen, token: !env_var KIOSK_ADMIN_TOKEN, port: {port},
+      products: {{A1: "2.50"}}}}
+"""
+    unit = AgentProcess(write_config(tmp_path / "unit", sim, tmp_path / "unit" / "journal.db",
+                                     screen), sim, cold=True)
+    tech = AgentProcess(write_config(tmp_path / "tech", sim, tmp_path / "tech" / "journal.db",
+                                     screen), sim)
+    try:
+        await unit.start()
+        await unit.wait_ready()
+        await tech.start()
+        await tech.wait_for_log("NOT ready to sell on kiosk_api:screen")
+        said = tech.text()
+        assert (f"trigger kiosk_api:screen cannot start: cannot listen on 127.0.0.1:{port}: the "
+                f"port is in use by pid {unit.pid}: ") in said, said[-3000:]
+        assert f"kiosk_agent run -c {unit.config}" in said
+        assert "Traceback" not in said
+        for agent in (unit, tech):
+            agent.send(signal.SIGTERM)
+            assert await agent.exit_code() == 0, agent.text()[-3000:]
+    finally:
+        await unit.close()
+        await tech.close()
