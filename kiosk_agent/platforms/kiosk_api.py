@@ -403,8 +403,7 @@ class KioskApi:
             raise CannotStart(
                 f"cannot listen on {self.config['host']}:{self.config['port']}: the port is in "
                 f"use by {describe(listeners(self.config['port']))}; only one program may serve "
-                "the kiosk API "
-                "there: stop that one first, or give this one its own port"
+                "the kiosk API there: stop that one first, or give this one its own port"
             ) from None
         self._unfollow = self.agent.events.listen(self._follow)
         _LOGGER.info("%s: kiosk API on %s:%d", self.name, self.config["host"], self.port)

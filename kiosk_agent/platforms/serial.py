@@ -35,6 +35,7 @@ from kiosk_agent.tasks import BackgroundTask, cancel_and_wait
 
 _LOGGER = logging.getLogger(__name__)
 
+
 class PortHeld(OSError):
     """The device node is locked by another process (another agent on the same reader)."""
 
