@@ -594,7 +594,7 @@ class Agent:
             setattr(self.unit, name, getattr(found, name))
         if self.unit.mismatch and (confirmed or was != found.id):
             _LOGGER.error("%s", self.unit.refusal())
-        elif not confirmed and self.started:
+        elif not confirmed and self.unit.confirmed and self.started:  # refused until now
             if was == found.id:  # the journal holds it again (it could not be read)
                 _LOGGER.warning("journal: the unit's id is read again: unit %s", found.id)
             else:
@@ -781,10 +781,14 @@ class Agent:
         journal write's does (a failure takes the unit out of service before the round ends)."""
         try:
             self.event_log.probe()
+        except sqlite3.Error as err:  # a lock another process holds is named, as any write's
+            self.journal_guard.written(self.journal.refusal(err))
+            raise
         except Exception as err:
             self.journal_guard.written(JournalError(f"cannot write the journal at "
                                                     f"{self.journal.path}: {err}"))
             raise
+        self.journal.wrote()
         self.journal_guard.written(None)
 
     # -- terminals -------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ read (``customer.account_zip`` names the field).
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import hashlib
 import hmac
@@ -59,6 +60,8 @@ from aiohttp import WSMsgType, web
 from kiosk_agent.bus import EventBus, Subscription
 from kiosk_agent.config.load import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
 from kiosk_agent.config.load import max_price_check, positive_float, price_map, schema_built_on_read
+from kiosk_agent.config.registry import CannotStart
+from kiosk_agent.lock_holders import describe, listeners
 from kiosk_agent.logs import RefusalLog
 from kiosk_agent.money import MoneyError, cents_to_dollars, parse_price
 from kiosk_agent.platforms.base import Dispenser, LateVends, instance_name
@@ -391,7 +394,18 @@ class KioskApi:
         app.router.add_get("/api/v1/sales/{sale_id}/events", self._stream)
         app.router.add_get("/api/v1/events", self._stream)
         app.router.add_get("/api/v1/status", self._status)
-        await self._site.start(app, guard=self._auth)
+        try:
+            await self._site.start(app, guard=self._auth)
+        except OSError as err:
+            if err.errno != errno.EADDRINUSE:
+                raise
+            # another agent beside this one (a tech's `kiosk-agent run`) serves it: said in
+            # words, with who, not as a traceback
+            raise CannotStart(
+                f"cannot listen on {self.config['host']}:{self.config['port']}: the port is in "
+                f"use by {describe(listeners(self.config['port']))}; only one program may serve "
+                "the kiosk API there: stop that one first, or give this one its own port"
+            ) from None
         self._unfollow = self.agent.events.listen(self._follow)
         _LOGGER.info("%s: kiosk API on %s:%d", self.name, self.config["host"], self.port)
 

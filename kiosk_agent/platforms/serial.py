@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import errno
 import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping
@@ -27,11 +28,17 @@ from kiosk_agent.logs import RefusalLog
 from kiosk_agent.platforms.serial_ports import BAUDRATE as BAUDRATE
 from kiosk_agent.platforms.serial_ports import LINE_END as LINE_END
 from kiosk_agent.platforms.serial_ports import RECONNECT_MAX as RECONNECT_MAX
+from kiosk_agent.platforms.serial_ports import port_holder
 from kiosk_agent.platforms.serial_ports import resolve_port as resolve_port
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.tasks import BackgroundTask, cancel_and_wait
 
 _LOGGER = logging.getLogger(__name__)
+
+
+class PortHeld(OSError):
+    """The device node is locked by another process (another agent on the same reader)."""
+
 
 class LinkState(enum.StrEnum):
     CONNECTING = "connecting"
@@ -261,9 +268,10 @@ class SerialLink:
                 delay = backoff_delay(
                     attempt, self.settings.reconnect_min, self.settings.reconnect_max
                 )
-                if self._port_missing(err):
+                if self._port_missing(err) or isinstance(err, PortHeld):
                     # Looking for a device node costs nothing: keep looking often, so an adapter
-                    # plugged back in is used at once whatever the backoff has grown to.
+                    # plugged back in is used at once whatever the backoff has grown to; so is
+                    # a port another process holds, once it lets go.
                     delay = min(delay, self.settings.appear_poll)
                 attempt += 1
                 self._set_state(
@@ -292,9 +300,23 @@ class SerialLink:
             raise OSError(f"no port matches {self.settings.port}")
         loop = asyncio.get_running_loop()
         protocol = _LineProtocol(self)
-        await serial_asyncio_fast.create_serial_connection(
-            loop, lambda: protocol, port, baudrate=self.settings.baudrate
-        )
+        # A device node is taken with flock before anything is set or read on it (pyserial's
+        # `exclusive`): a second agent on the reader (a tech's `kiosk-agent run` beside the
+        # unit's, its own journal or a copy) would read bytes the first never hears, a vend
+        # result among them, and write its own setup into the first one's session.
+        held = {} if "://" in port else {"exclusive": True}
+        try:
+            await serial_asyncio_fast.create_serial_connection(
+                loop, lambda: protocol, port, baudrate=self.settings.baudrate, **held
+            )
+        except serial.SerialException as err:
+            if err.errno not in (errno.EAGAIN, errno.EWOULDBLOCK) or not held:
+                raise
+            raise PortHeld(
+                f"held by another process ({port_holder(port)}); only one program "
+                "may use a reader: stop that one first (looked at again every "
+                f"{self.settings.appear_poll:g} s)"
+            ) from None
         self._protocol = protocol
         self.port_in_use = port
         self.stats.connects += 1

@@ -40,3 +40,12 @@ def serial_ports_present(patterns: tuple[str, ...] = SERIAL_PORT_PATTERNS) -> li
     """The serial ports that exist on this machine (at most 12 named, stable names first)."""
     found = [p for pattern in patterns for p in sorted(glob.glob(pattern))]
     return found[:12] + ([f"... {len(found) - 12} more"] if len(found) > 12 else [])
+
+
+def port_holder(port: str) -> str:
+    """Who holds ``port`` (a device node another process has ``flock``ed, as the serial link
+    does): ``pid 812: /opt/.../python -m kiosk_agent run -c ...``, or ``another process``
+    where that cannot be read (another user's process in a namespace this one cannot see)."""
+    from kiosk_agent.lock_holders import describe, holders
+
+    return describe(holders(port, kind="FLOCK"))

@@ -247,6 +247,12 @@ UNSYNCED_STEPS = frozenset({Step.READ_CARD_ACCEPTED, Step.DISPENSE_CHOSEN})
 FSYNC_SHARED_TURNS = 2
 # A write refused for the lock (another process holds it) touched no page of the journal.
 _LOCK_REFUSED = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
+_WAL_WRITE_LOCK_BYTE = 120  # the WAL write lock's byte in the -shm file (SQLite's unix VFS)
+# How long a write waits for the lock once one found it held past the busy wait by another
+# process (a tech's sqlite3 shell): until a write goes through again. SQLite's busy wait is on
+# the event loop's thread; at 5 s for every write the loop stood still nearly the whole time
+# the shell held the lock.
+_BUSY_ELSEWHERE_MS = 100
 
 # a sale's flow is fixed: the states it may be in follow from it
 _UPDATABLE = _COLUMN_SET - {"sale_id", "order_id", "created_at", "flow"}
@@ -302,6 +308,9 @@ class Journal(JournalReads, JournalPrune):
         # the partial indexes open() left for after ready (build_indexes), by name
         self.indexes_to_build: tuple[str, ...] = ()
         self._fsync_shared = False  # inside fsync_shared(): commits without an fsync of their own
+        # another process held the write lock past the busy wait: writes wait _BUSY_ELSEWHERE_MS
+        # for it until one commits
+        self._held_elsewhere = False
         self._fsync_owed = False  # a commit since this connection's last fsynced one made none
         self._fsync_waiters: list[asyncio.Future[None]] = []  # fsynced(): woken by the next
         # checkpoints made off this connection (checkpoint_aside), not inside a commit of its
@@ -357,6 +366,7 @@ class Journal(JournalReads, JournalPrune):
             db.close()
             raise JournalError(f"cannot open the journal at {self.path}: {err}") from err
         self._db = db
+        self._held_elsewhere = False  # its settings' busy wait
         self._changes_at_checkpoint = 0  # a connection's total_changes start at 0
 
     def _for_the_run(self, setup: sqlite3.Connection) -> sqlite3.Connection:
@@ -722,6 +732,8 @@ class Journal(JournalReads, JournalPrune):
         Then, the bookkeeping done, ``on_checkpoint_due`` if a checkpoint is due: a callback
         that raises (a bug) is logged and counted (``checkpoint_due_errors``, in health), never
         the commit's failure (it committed), nor left to strand the waiters."""
+        if self._held_elsewhere:
+            self._wait_for_the_lock(held_elsewhere=False)
         if not fsynced:
             self._fsync_owed = True
         else:
@@ -1005,7 +1017,7 @@ class Journal(JournalReads, JournalPrune):
 
     def _write_failed(self, err: sqlite3.Error) -> JournalError:
         # a full or failing disk: the flow must stop before the call this step announces
-        failed = JournalError(f"cannot write the journal at {self.path}: {err}")
+        failed = self.refusal(err)
         if (getattr(err, "sqlite_errorcode", None) or 0) & 0xFF not in _LOCK_REFUSED:
             # Pages written before it may be lost with it, a waiter's among them (the WAL is one
             # file), and Linux reports a failed writeback once: a later fdatasync could succeed
@@ -1013,6 +1025,47 @@ class Journal(JournalReads, JournalPrune):
             self._fail_waiters(failed)
         self._tell(failed)
         return failed
+
+    def refusal(self, err: sqlite3.Error) -> JournalError:
+        """What a write on the run connection that failed with ``err`` tells: the journal, the
+        error and, for a lock held past the busy wait by another process, who holds it (the
+        busy wait then short until a write goes through: :meth:`wrote`)."""
+        code = (getattr(err, "sqlite_errorcode", None) or 0) & 0xFF
+        return JournalError(f"cannot write the journal at {self.path}: {err}"
+                            + (self._lock_held_by() if code == sqlite3.SQLITE_BUSY else ""))
+
+    def wrote(self) -> None:
+        """A write on the run connection went through outside the journal's own (the event
+        log's, the health probe's): the busy wait is the usual again."""
+        if self._held_elsewhere:
+            self._wait_for_the_lock(held_elsewhere=False)
+
+    def _lock_held_by(self) -> str:
+        """Who kept the write lock past the busy wait, where another process did (a tech's
+        ``sqlite3`` shell in a transaction, a copy of the agent): SQLite's WAL write lock is a
+        POSIX lock on byte 120 of the ``-shm`` file (``WALINDEX_LOCK_OFFSET``), read from the
+        kernel's table; the agent's own threads are not named (they give way)."""
+        from kiosk_agent.lock_holders import describe, holders
+
+        found = holders(self.path.with_name(self.path.name + "-shm"), kind="POSIX",
+                        byte=_WAL_WRITE_LOCK_BYTE)
+        if not found:
+            return ""
+        if not self._held_elsewhere:
+            self._wait_for_the_lock(held_elsewhere=True)
+        return (f" (its write lock is held by another process: {describe(found)}; end that "
+                "process's transaction, or the process)")
+
+    def _wait_for_the_lock(self, *, held_elsewhere: bool) -> None:
+        """The run connection's busy wait: short while another process keeps the write lock
+        (the probe, the unwritten sales' retries and any step each find it held in 0.1 s, not
+        5 s of the event loop), the usual 5 s again after the first commit that goes through."""
+        if self._db is None:
+            return
+        with contextlib.suppress(sqlite3.Error):
+            self._db.execute(
+                f"PRAGMA busy_timeout={_BUSY_ELSEWHERE_MS if held_elsewhere else 5000}")
+            self._held_elsewhere = held_elsewhere
 
     def _tell(self, err: JournalError | None) -> None:
         if self.on_write is not None:
@@ -1234,7 +1287,13 @@ def _refuse_newer(db: sqlite3.Connection, path: Path) -> None:
 
 def _migrate(db: sqlite3.Connection) -> None:
     """Bring the journal to this schema in one transaction; the version is written inside it,
-    so it never says more than the tables hold (a failed migration leaves the old version)."""
+    so it never says more than the tables hold (a failed migration leaves the old version).
+    A journal already at this schema is only read: the transaction takes the write lock, and
+    a command that opens the journal to write beside the running agent (``sales resolve``,
+    ``sales late-vends --ack``, ``unit adopt``) took it for nothing, ahead of a customer's
+    commit."""
+    if _up_to_date(db):
+        return
     with transaction(db):
         for statement in _SCHEMA.split(";"):
             if statement.strip():
@@ -1246,6 +1305,22 @@ def _migrate(db: sqlite3.Connection) -> None:
             db.execute(f"DROP INDEX IF EXISTS {index}")
         if int(db.execute("PRAGMA user_version").fetchone()[0]) < SCHEMA_VERSION:
             db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+
+_SCHEMA_NAMES = frozenset(re.findall(r"CREATE (?:TABLE|INDEX) IF NOT EXISTS (\w+)", _SCHEMA))
+
+
+def _up_to_date(db: sqlite3.Connection) -> bool:
+    """Whether :func:`_migrate` would change nothing: this version, every table and index of
+    the schema, no retired index, every added column and none of those kept beside (read in
+    a read transaction: no write lock)."""
+    if int(db.execute("PRAGMA user_version").fetchone()[0]) != SCHEMA_VERSION:
+        return False
+    names = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
+    if not names >= _SCHEMA_NAMES or names & set(_RETIRED_INDEXES):
+        return False
+    columns = {row[1] for row in db.execute("PRAGMA table_info(sales)")}
+    return set(_ADDED_COLUMNS) <= columns and not columns & _BESIDE_COLUMNS
 
 
 def _late_indexes(db: sqlite3.Connection) -> tuple[str, ...]:
