@@ -1,4 +1,5 @@
-"""aiohttp without the system's trust store in its TLS context that checks no certificate.
+"""aiohttp without the system's trust store in its TLS context that checks no certificate, and
+with it read by name, not parsed whole, in the one that verifies (where that trusts the same).
 
 Importing ``aiohttp.connector`` makes two TLS contexts: the one that verifies the server's
 certificate (``ssl=True``, aiohttp's default and what every request of the program uses) and one
