@@ -58,12 +58,22 @@ def test_the_context_that_verifies_nothing_holds_no_trust_store_and_the_other_al
     assert held["unverified_mode"] == ssl.CERT_NONE
     assert held["unverified"] == 0
     # the verifying context loads the store as aiohttp has it (a machine may have none: the
-    # same count as a default context of the standard library's either way)
-    assert held["verified"] == held["a_default_context"]
+    # same count as a default context of the standard library's either way), or, where the
+    # system's hashed directory holds every certificate of its bundle, the directory alone,
+    # read by name at a handshake (none parsed yet)
+    assert held["verified"] == system_store_parsed()
     # the standard library's method is back as the connector's body ends, the finder gone
     assert held["method_put_back"] is True
     assert held["finder_gone"] is True
     assert held["a_later_unverified_context"] == held["a_default_context"]
+
+
+def system_store_parsed() -> int:
+    """The certificates aiohttp's verifying context holds parsed after its import with the
+    stand-in, on this machine: none where its directory holds its bundle, all of them else."""
+    if aiohttp_setup.bundle_directory(ssl.get_default_verify_paths()) is not None:
+        return 0
+    return int(ssl.create_default_context().cert_store_stats()["x509_ca"])
 
 
 def test_without_it_aiohttp_loads_the_store_into_both() -> None:
@@ -96,7 +106,7 @@ def test_every_command_makes_it_so() -> None:
     )
     (unverified, verified), *_ = contexts_after_import(program)
     assert unverified == 0
-    assert verified == ssl.create_default_context().cert_store_stats()["x509_ca"]
+    assert verified == system_store_parsed()
 
 
 # -- attacked: a real TLS server, another thread inside the window, an import that fails ------
@@ -318,3 +328,102 @@ def test_a_connector_import_that_fails_leaves_no_finder_and_the_method_put_back(
         "method_put_back": True, "again": False, "unverified": 1, "verified": 1,
         "finders_at_end": [], "loader_patched": False,
     }
+
+
+# -- the verifying context's store: the hashed directory alone where it holds the bundle -------
+
+# A process that sets the stand-in up, imports aiohttp, says how many certificates its verifying
+# context holds parsed, and what its requests made of the test's two servers.
+STORE_AND_REQUESTS = VERIFY_REQUESTS.replace(
+    """        print(json.dumps({""",
+    """        from aiohttp import connector
+        print(json.dumps({
+            "verified_parsed": connector._SSL_CONTEXT_VERIFIED.cert_store_stats()["x509_ca"],""",
+)
+
+
+def _hash_link(directory: Path, certificate: Path, index: int = 0) -> Path:
+    """``HASH.N`` in DIRECTORY, a link to CERTIFICATE, as ``openssl rehash`` makes them."""
+    digest = subprocess.run(
+        ["openssl", "x509", "-hash", "-noout", "-in", str(certificate)],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+    link = directory / f"{digest}.{index}"
+    link.symlink_to(certificate)
+    return link
+
+
+def _store(tmp_path: Path, *in_bundle: str) -> tuple[Path, dict[str, str]]:
+    """The test's certificates, and a trust store of a bundle of IN_BUNDLE (file names) and a
+    directory holding the CA's hashed link; the environment that makes them the system's."""
+    _certificates(tmp_path)
+    certs = tmp_path / "certs"
+    certs.mkdir()
+    bundle = certs / "bundle.crt"
+    bundle.write_bytes(b"".join((tmp_path / name).read_bytes() for name in in_bundle))
+    _hash_link(certs, tmp_path / "ca.crt")
+    return certs, {**os.environ, "SSL_CERT_FILE": str(bundle), "SSL_CERT_DIR": str(certs)}
+
+
+def test_where_the_directory_holds_the_bundle_no_certificate_is_parsed_and_requests_verify(
+    tmp_path: Path,
+) -> None:
+    """The bundle's certificate is in the hashed directory too (Debian's layout, which
+    update-ca-certificates makes): the verifying context takes the directory alone, parses
+    nothing at the import (the 24-26 ms of a start the whole bundle cost here), and a request
+    still takes the CA's server and refuses the one nobody signed."""
+    certs, env = _store(tmp_path, "ca.crt")
+    (seen,) = _run(STORE_AND_REQUESTS, str(tmp_path), env=env)
+    assert seen["verified_parsed"] == 0
+    assert seen["signed"] == "here"
+    assert seen["self_signed"] == "refused: certificate"
+    assert seen["self_signed_unverified"] == "here"
+    # the MQTT client's context is the standard library's own, file and directory
+    assert seen["mqtt_store_signed"] == "connected"
+    assert seen["mqtt_store_self_signed"] == "refused: certificate"
+    paths = ssl.DefaultVerifyPaths(str(certs / "bundle.crt"), str(certs), "", "", "", "")
+    assert aiohttp_setup.bundle_directory(paths) == str(certs)
+
+
+def test_a_certificate_only_the_bundle_holds_is_still_trusted(tmp_path: Path) -> None:
+    """The bundle holds a certificate the directory lacks (here the server's that nobody
+    signed, added to the file alone): the directory alone would refuse it, so the context
+    loads both as before, and the request is taken."""
+    _certs, env = _store(tmp_path, "ca.crt", "alone.crt")
+    (seen,) = _run(STORE_AND_REQUESTS, str(tmp_path), env=env)
+    assert seen["verified_parsed"] == 2
+    assert seen["signed"] == "here"
+    assert seen["self_signed"] == "here"
+
+
+def test_what_does_not_show_the_directory_holds_the_bundle(tmp_path: Path) -> None:
+    """A link OpenSSL's lookup does not reach (``HASH.1`` without ``HASH.0``), a PEM block
+    other than a certificate in the bundle, a certificate cut short, a missing directory or
+    bundle: the file and the directory both, as OpenSSL's defaults have them."""
+    ca = _certificates(tmp_path)
+    certs = tmp_path / "certs"
+    certs.mkdir()
+    bundle = certs / "bundle.crt"
+    bundle.write_bytes(ca.read_bytes())
+
+    def paths(cafile: Path | None = bundle, capath: Path | None = certs) -> object:
+        return ssl.DefaultVerifyPaths(
+            cafile and str(cafile), capath and str(capath), "", "", "", "")  # fmt: skip
+
+    assert aiohttp_setup.bundle_directory(paths()) is None  # no link at all
+    link = _hash_link(certs, ca, index=1)
+    assert aiohttp_setup.bundle_directory(paths()) is None  # HASH.1 alone is not looked up
+    link.rename(link.with_suffix(".0"))
+    assert aiohttp_setup.bundle_directory(paths()) == str(certs)
+    assert aiohttp_setup.bundle_directory(paths(cafile=None)) is None
+    assert aiohttp_setup.bundle_directory(paths(capath=None)) is None
+    assert aiohttp_setup.bundle_directory(paths(capath=tmp_path / "gone")) is None
+    text = ca.read_bytes()
+    trusted = text.replace(b"BEGIN CERTIFICATE", b"BEGIN TRUSTED CERTIFICATE").replace(
+        b"END CERTIFICATE", b"END TRUSTED CERTIFICATE")  # fmt: skip
+    bundle.write_bytes(text + trusted)
+    assert aiohttp_setup.bundle_directory(paths()) is None
+    bundle.write_bytes(text[: len(text) // 2])
+    assert aiohttp_setup.bundle_directory(paths()) is None
+    bundle.write_bytes(text.replace(b"\n", b"\r\n"))  # the same certificate, other line ends
+    assert aiohttp_setup.bundle_directory(paths()) == str(certs)

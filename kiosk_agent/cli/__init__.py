@@ -214,7 +214,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     skip_plugin_loader()
     # aiohttp loads the system's trust store into a TLS context that checks no certificate
-    # (24-26 ms of CPU here at its import, ten times that on a Pi Zero): not where nothing reads it
+    # (24-26 ms of CPU here at its import, ten times that on a Pi Zero): not where nothing reads
+    # it; and into the one that verifies, the hashed directory alone where it holds the bundle
     from kiosk_agent.aiohttp_setup import skip_unverified_trust_store
 
     skip_unverified_trust_store()
