@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, settings
 
 from bench._support import release_leaked_mounts
 from kiosk_agent.cli.sim import settings_from_ready
+from kiosk_agent.logs import _HANDLER_NAME as AGENT_HANDLER
 from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.settings import ServiceSettings
 from kiosk_agent.sim import dataset
@@ -48,11 +49,20 @@ _LOOKUPS = ("_srcfile", "logThreads", "logProcesses", "logMultiprocessing")
 def _logging_lookups_kept() -> Iterator[None]:
     """A test that runs setup_logging in this process turns off logging's caller lookup (as a
     unit's agent does, kiosk_agent/logs.py); put back after it, so that a later test's failure
-    report in the same worker still names the file and line each captured record came from."""
+    report in the same worker still names the file and line each captured record came from.
+    Its root level and handler go back too: left at INFO, every later test in the worker
+    captured INFO records, and a test counting the lines that name a sale found two."""
     kept = [getattr(logging, name) for name in _LOOKUPS]
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
     yield
     for name, value in zip(_LOOKUPS, kept, strict=True):
         setattr(logging, name, value)
+    root.setLevel(level)
+    for handler in list(root.handlers):  # the agent's own, not pytest's capture of a phase
+        if handler not in handlers and handler.get_name() == AGENT_HANDLER:
+            root.removeHandler(handler)
+            handler.close()
 
 
 _GENERATE = dataset.generate
