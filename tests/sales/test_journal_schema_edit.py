@@ -8,8 +8,16 @@ take ids for places in time)."""
 
 from __future__ import annotations
 
+import os
+import random
+import shutil
+import signal
 import sqlite3
+import time
+from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 from kiosk_agent.audit.store import AuditStore
 from kiosk_agent.sales.journal import Journal, SaleRecord, integrity
@@ -115,3 +123,212 @@ def test_a_journal_whose_every_sale_was_pruned_keeps_its_ids_above_the_last_give
     finally:
         journal.close()
     assert _steps(path) == [(given + 1, "s3", "created")]
+
+
+# -- a kill or a power cut inside the first open ------------------------------------------------
+
+_SIDE = ("-wal", "-shm")
+
+
+def _copy(source: Path, target: Path) -> None:
+    for suffix in ("", *_SIDE):
+        found = source.with_name(source.name + suffix)
+        if found.exists():
+            shutil.copyfile(found, target.with_name(target.name + suffix))
+
+
+def _sales(path: Path) -> list[tuple[str, str]]:
+    db = sqlite3.connect(path)
+    try:
+        return [tuple(r) for r in db.execute("SELECT sale_id, state FROM sales ORDER BY sale_id")]
+    finally:
+        db.close()
+
+
+def _in_a_child(work: Callable[[], None], *, killed_at: int | None = None,
+                killed_after: float | None = None) -> tuple[bool, int]:
+    """``work`` in a forked process, SIGKILLed as the ``killed_at``th SQL statement of its
+    connections begins (SQLite's trace callback) or ``killed_after`` seconds in: whether it was
+    killed, and how many statements it began (its exit status when it was not)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: no pytest, no cleanup, only the journal's own work
+        os.close(read)
+        began = 0
+        try:
+            real = sqlite3.connect
+
+            def connect(*args: object, **kwargs: object) -> sqlite3.Connection:
+                db = real(*args, **kwargs)  # type: ignore[arg-type]
+
+                def trace(_: str) -> None:
+                    nonlocal began
+                    began += 1
+                    if began == killed_at:
+                        os.kill(os.getpid(), signal.SIGKILL)
+
+                db.set_trace_callback(trace)
+                return db
+
+            sqlite3.connect = connect  # type: ignore[assignment]
+            work()
+        finally:
+            os.write(write, str(began).encode())
+            os._exit(0)
+    os.close(write)
+    if killed_after is not None:
+        time.sleep(killed_after)
+        os.kill(pid, signal.SIGKILL)
+    _, status = os.waitpid(pid, 0)
+    began = os.read(read, 64)
+    os.close(read)
+    return os.WIFSIGNALED(status), int(began or b"-1")
+
+
+def _opened_whole(path: Path, steps: list[tuple[int, str, str]], sales: list[tuple[str, str]],
+                  given: int) -> None:
+    """The journal opens, is whole, holds every sale and step, and its next ids are new."""
+    journal = Journal(path)
+    journal.open()
+    try:
+        journal.create(new_sale(99))
+    finally:
+        journal.close()
+    assert integrity(path) == []
+    after = _steps(path)
+    assert [s for s in after if s[1] != "s99"] == steps
+    assert [s for s in _sales(path) if s[0] != "s99"] == sales
+    assert min(i for i, sale, _ in after if sale == "s99") > given
+
+
+@pytest.fixture
+def made_before(tmp_path: Path) -> Path:
+    """A journal of the release before: AUTOINCREMENT, 20 sales, the last one's steps still
+    in the WAL of a process that was killed (a unit's power cut or a crash)."""
+    path = tmp_path / "made" / "journal.db"
+    path.parent.mkdir()
+    _journal_made_before(path, 20)
+
+    def one_more() -> None:
+        db = sqlite3.connect(path, isolation_level=None)
+        db.execute("PRAGMA synchronous=FULL")
+        copied = {"sale_id": "'s21'", "order_id": "'KA000021'"}
+        columns = [copied.get(c, c) for c in _sales_columns(path)]
+        db.execute(f"INSERT INTO sales SELECT {', '.join(columns)} FROM sales "  # noqa: S608
+                   "WHERE sale_id = 's20'")
+        db.execute("INSERT INTO steps (sale_id, at, step, state, detail) "
+                   "SELECT 's21', at, step, state, detail FROM steps WHERE sale_id = 's20'")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    killed, _ = _in_a_child(one_more)
+    assert killed
+    assert path.with_name("journal.db-wal").stat().st_size > 0
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)  # the WAL left there: s21's row
+    assert db.execute("SELECT COUNT(*) FROM sales").fetchone() == (21,)  # in it, not in the
+    db.close()  # file (a read-only connection leaves the WAL as it is)
+    assert path.with_name("journal.db-wal").stat().st_size > 0
+    return path
+
+
+def _facts(path: Path, scratch: Path) -> tuple[list[tuple[int, str, str]], list[tuple[str, str]],
+                                              int | None]:
+    """The journal's steps, sales and sqlite_sequence's id for steps, read from a copy: the
+    last connection to close checkpoints the WAL into the file, and the WAL a kill left is
+    part of what is attacked."""
+    probe = scratch / "probe" / path.name
+    probe.parent.mkdir()
+    _copy(path, probe)
+    return _steps(probe), _sales(probe), _seq(probe)
+
+
+def _sales_columns(path: Path) -> list[str]:
+    db = sqlite3.connect(path)
+    try:
+        return [str(r[1]) for r in db.execute("PRAGMA table_info(sales)")]
+    finally:
+        db.close()
+
+
+def test_a_kill_at_each_statement_of_the_first_open_loses_nothing(
+    made_before: Path, tmp_path: Path
+) -> None:
+    steps, sales, given = _facts(made_before, tmp_path)
+    assert given is not None
+    assert len(sales) == 21
+    path = tmp_path / "journal.db"
+    _copy(made_before, path)
+    killed, statements = _in_a_child(lambda: Journal(path).open())
+    assert not killed
+    assert statements > 10
+    edits = 0
+    for n in range(1, statements + 1):
+        for suffix in ("", *_SIDE):
+            path.with_name(path.name + suffix).unlink(missing_ok=True)
+        _copy(made_before, path)
+        killed, _ = _in_a_child(lambda: Journal(path).open(), killed_at=n)
+        assert killed
+        edited = "AUTOINCREMENT" not in _schema_of_steps(path)
+        edits += edited
+        _opened_whole(path, steps, sales, given)
+    assert 0 < edits < statements  # the kills fell before the edit's commit and after it
+
+
+def _schema_of_steps(path: Path) -> str:
+    db = sqlite3.connect(path)
+    try:
+        return str(db.execute("SELECT sql FROM sqlite_master WHERE name = 'steps'").fetchone()[0])
+    finally:
+        db.close()
+
+
+def test_a_kill_at_random_instants_of_the_first_open_loses_nothing(
+    made_before: Path, tmp_path: Path
+) -> None:
+    steps, sales, given = _facts(made_before, tmp_path)
+    assert given is not None
+    path = tmp_path / "journal.db"
+    _copy(made_before, path)
+    began = time.monotonic()
+    killed, _ = _in_a_child(lambda: Journal(path).open())
+    took = time.monotonic() - began  # fork, open and exit: the kills fall inside it
+    assert not killed
+    draw = random.Random(41)
+    for _ in range(12):
+        for suffix in ("", *_SIDE):
+            path.with_name(path.name + suffix).unlink(missing_ok=True)
+        _copy(made_before, path)
+        _in_a_child(lambda: (Journal(path).open(), time.sleep(1)),
+                    killed_after=draw.random() * took)
+        _opened_whole(path, steps, sales, given)
+
+
+def test_a_power_cut_in_the_first_open_loses_nothing(made_before: Path, tmp_path: Path) -> None:
+    """The first open's writes are WAL frames after the ones the killed process left; a power
+    cut keeps the database file and any first part of the WAL (the frames past its last fsync
+    may be lost, a frame torn): every such cut opens whole, before the edit or after it."""
+    steps, sales, given = _facts(made_before, tmp_path)
+    assert given is not None
+    wal = made_before.with_name(made_before.name + "-wal")
+    database, left = made_before.read_bytes(), wal.read_bytes()
+    journal = Journal(made_before)
+    journal.open()  # the edit, committed (its WAL fsynced): the files as they stand now
+    page = int(journal.db.execute("PRAGMA page_size").fetchone()[0])
+    after = wal.read_bytes()
+    assert made_before.read_bytes() == database  # no checkpoint: only frames appended
+    journal.close()  # no matter: the cuts are made from the bytes read before
+    assert after[: len(left)] == left
+    assert len(after) >= len(left) + 2 * (24 + page)  # sqlite_master's page, sqlite_sequence's
+    frame = 24 + page
+    cuts = sorted({*range(len(left), len(after) + 1, frame),
+                   *range(len(left) + 24 + page // 2, len(after), frame),  # a torn frame
+                   len(after)})
+    path = tmp_path / "journal.db"
+    edits = 0
+    for cut in cuts:
+        for suffix in ("", *_SIDE):
+            path.with_name(path.name + suffix).unlink(missing_ok=True)
+        path.write_bytes(database)
+        path.with_name(path.name + "-wal").write_bytes(after[:cut])
+        edits += "AUTOINCREMENT" not in _schema_of_steps(path)
+        _opened_whole(path, steps, sales, given)
+    assert 0 < edits < len(cuts)
