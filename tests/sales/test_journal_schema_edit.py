@@ -8,6 +8,7 @@ take ids for places in time)."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import random
 import shutil
@@ -332,3 +333,111 @@ def test_a_power_cut_in_the_first_open_loses_nothing(made_before: Path, tmp_path
         edits += "AUTOINCREMENT" not in _schema_of_steps(path)
         _opened_whole(path, steps, sales, given)
     assert 0 < edits < len(cuts)
+
+
+
+# -- a SQLite made defensive (SQLITE_DBCONFIG_DEFENSIVE), as a hardened build may set it ---------
+
+_SQLITE_DBCONFIG_DEFENSIVE = 1010  # sqlite3.h; Python has the name from 3.12
+
+
+def _made_defensive(db: sqlite3.Connection) -> sqlite3.Connection:
+    """The connection's SQLite refuses what lets SQL corrupt a database: an UPDATE of
+    sqlite_master, ``PRAGMA schema_version=N`` (ignored), writable_schema's effect. Python 3.12
+    sets it itself; on 3.11 the call is SQLite's own, on the connection's handle (the first field
+    of CPython's connection object after its header)."""
+    setconfig = getattr(db, "setconfig", None)
+    if setconfig is not None:
+        setconfig(_SQLITE_DBCONFIG_DEFENSIVE, True)
+        return db
+    import _sqlite3  # the extension, linked to the SQLite its connections use
+
+    db_config = ctypes.CDLL(_sqlite3.__file__).sqlite3_db_config
+    db_config.restype = ctypes.c_int
+    handle = ctypes.c_void_p.from_address(id(db) + object.__basicsize__).value
+    now = ctypes.c_int(-1)
+    assert db_config(ctypes.c_void_p(handle), ctypes.c_int(_SQLITE_DBCONFIG_DEFENSIVE),
+                     ctypes.c_int(1), ctypes.byref(now)) == 0
+    assert now.value == 1
+    return db
+
+
+@pytest.fixture
+def defensive(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every connection the journal makes from here is defensive, as on such a build."""
+    real = sqlite3.connect
+
+    def connect(*args: object, **kwargs: object) -> sqlite3.Connection:
+        return _made_defensive(real(*args, **kwargs))  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sqlite3, "connect", connect)
+    probe = sqlite3.connect(":memory:", isolation_level=None)
+    probe.execute("CREATE TABLE t (id INTEGER PRIMARY KEY AUTOINCREMENT)")
+    probe.execute("PRAGMA writable_schema=ON")
+    with pytest.raises(sqlite3.OperationalError, match="may not be modified"):
+        probe.execute("UPDATE sqlite_master SET sql = sql WHERE name = 't'")
+    probe.close()
+
+
+@pytest.mark.usefixtures("defensive")
+def test_every_path_of_the_journal_works_where_sqlite_refuses_the_edit(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "journal.db"
+    _journal_made_before(path, 4)
+    before, given = _steps(path), _seq(path)
+    assert given is not None
+    journal = Journal(path)
+    with caplog.at_level("INFO", logger="kiosk_agent.sales.journal"):
+        journal.open()
+    try:
+        assert "AUTOINCREMENT" in _schema_of_steps(path)  # kept: a page more a commit
+        assert "keeps AUTOINCREMENT" in caplog.text
+        assert journal.db.execute("PRAGMA writable_schema").fetchone()[0] == 0
+        walk_to(journal, journal.create(new_sale(5)), SaleState.COMPLETED)
+        with journal.batch():
+            _vended(journal, 6)
+        ids = [i for i, sale, _ in _steps(path) if sale in ("s5", "s6")]
+        assert ids == list(range(given + 1, given + 1 + len(ids)))
+        assert _seq(path) == ids[-1]
+        # the prune (a connection of its own), every sale old: the newest one's stays
+        assert journal.prune(keep_days=1, now=time.time() + 400 * 86400) == 5
+        assert sorted(s.sale_id for s in journal.query()) == ["s6"]
+        journal.create(new_sale(7))
+        assert min(i for i, sale, _ in _steps(path) if sale == "s7") > ids[-1]
+        # kiosk-agent sales beside it: in place, and from a copy (the copy's migration refused)
+        reader = Journal(path)
+        reader.open_to_read()
+        assert sorted(s.sale_id for s in reader.query()) == ["s6", "s7"]
+        reader.close()
+        reader._db = reader._read_a_copy()
+        assert sorted(s.sale_id for s in reader.query()) == ["s6", "s7"]
+        reader.close()
+        assert journal.checkpoint() >= 0
+        # the file removed under the running agent: written back whole (VACUUM INTO)
+        for part in (path, *(path.with_name(path.name + s) for s in _SIDE)):
+            part.unlink(missing_ok=True)
+        assert journal.put_back() is not None
+        journal.create(new_sale(8))
+        assert sorted(s.sale_id for s in journal.query()) == ["s6", "s7", "s8"]
+    finally:
+        journal.close()
+    assert integrity(path) == []
+    assert "AUTOINCREMENT" in _schema_of_steps(path)
+    assert before  # the steps it began with: pruned above, the ids never given again
+    steps = _steps(path)
+    assert [i for i, _, _ in steps] == sorted({i for i, _, _ in steps})
+    assert min(i for i, _, _ in steps) > before[-1][0]
+
+
+@pytest.mark.usefixtures("defensive")
+def test_a_new_journal_on_a_defensive_sqlite_needs_no_edit(tmp_path: Path) -> None:
+    path = tmp_path / "journal.db"
+    journal = Journal(path)
+    journal.open()
+    try:
+        walk_to(journal, journal.create(new_sale(1)), SaleState.COMPLETED)
+    finally:
+        journal.close()
+    assert "AUTOINCREMENT" not in _schema_of_steps(path)
+    assert integrity(path) == []
