@@ -19,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kiosk_agent.audit.store import AuditStore
 from kiosk_agent.sales.journal import Journal, SaleRecord, integrity
@@ -441,3 +443,91 @@ def test_a_new_journal_on_a_defensive_sqlite_needs_no_edit(tmp_path: Path) -> No
         journal.close()
     assert "AUTOINCREMENT" not in _schema_of_steps(path)
     assert integrity(path) == []
+
+
+
+# -- ids over a journal's whole life ------------------------------------------------------------
+
+_LIFE = st.lists(
+    st.sampled_from(["sale", "open sale", "prune", "previous prune", "reopen", "finish"]),
+    min_size=1, max_size=14,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(made=st.integers(min_value=0, max_value=3), before=_LIFE, after=_LIFE)
+def test_step_ids_strictly_increase_over_a_journals_life_across_the_edit(
+    made: int, before: list[str], after: list[str]
+) -> None:
+    """A journal of the previous release (``made`` sales), lived in by it (``before``: its
+    sales, its prune that takes every finished sale, reopens), then by this release from its
+    first open on (``after``: sales, sales left open, this release's prune, reopens). Every
+    step written takes an id above every id any step had before it."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as scratch:
+        path = Path(scratch) / "journal.db"
+        _journal_made_before(path, made)
+        highest = _seq(path) or 0
+        serial = made
+        this = Journal(path)  # this release's, opened at the first of ``after``
+        left_open: list[SaleRecord] = []
+
+        def ids() -> set[int]:
+            return {i for i, _, _ in _steps(path)}
+
+        def written(was: set[int]) -> None:
+            """The steps written since the table held ``was``: every id above all before."""
+            nonlocal highest
+            new = sorted(ids() - was)
+            assert new, "no step written"
+            assert new[0] > highest, f"ids {new} given again (ids up to {highest} were given)"
+            highest = max(highest, new[-1], _seq(path) or 0)
+
+        for what in before:  # the previous release: its own rows through its own SQL
+            if what in ("sale", "open sale", "finish"):
+                serial, was = serial + 1, ids()
+                db = sqlite3.connect(path, isolation_level=None)
+                db.execute("BEGIN IMMEDIATE")
+                db.execute("INSERT INTO sales (sale_id, order_id, source, flow, terminal, "
+                           "amount_cents, state, created_at, updated_at) VALUES (?, ?, "
+                           "'virtual:front', 'charge_card', 'SIM-0001', 250, ?, 1.0, 1.0)",
+                           (f"s{serial}", f"KA{serial:06d}",
+                            "started" if what == "open sale" else "completed"))
+                db.execute("INSERT INTO steps (sale_id, at, step, state, detail) VALUES "
+                           "(?, 1.0, 'created', 'started', '{}')", (f"s{serial}",))
+                db.execute("COMMIT")
+                db.close()
+                written(was)
+            elif what in ("prune", "previous prune"):  # its prune: every finished sale
+                db = sqlite3.connect(path)
+                finished = [r[0] for r in db.execute(
+                    "SELECT sale_id FROM sales WHERE state = 'completed'")]
+                db.close()
+                if finished:
+                    _pruned_as_the_previous_release_did(path, *finished)
+        this.open()
+        try:
+            for what in after:
+                was = ids()
+                if what == "sale":
+                    serial += 1
+                    walk_to(this, this.create(new_sale(serial)), SaleState.COMPLETED)
+                    written(was)
+                elif what == "open sale":
+                    serial += 1
+                    left_open.append(this.create(new_sale(serial)))
+                    written(was)
+                elif what == "finish" and left_open:
+                    sale = this.get(left_open.pop(0).sale_id)
+                    assert sale is not None  # an open sale: no prune takes it
+                    walk_to(this, sale, SaleState.COMPLETED)
+                    written(was)
+                elif what in ("prune", "previous prune"):
+                    this.prune(keep_days=1, now=time.time() + 400 * 86400)
+                elif what == "reopen":
+                    this.close()
+                    this.open()
+        finally:
+            this.close()
+        assert integrity(path) == []
