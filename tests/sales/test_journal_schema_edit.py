@@ -531,3 +531,87 @@ def test_step_ids_strictly_increase_over_a_journals_life_across_the_edit(
         finally:
             this.close()
         assert integrity(path) == []
+
+
+# -- other connections during the edit ------------------------------------------------------------
+
+
+def _insert_step(db: sqlite3.Connection, sale_id: str) -> int:
+    """A step written by hand (a tech's sqlite3 shell): its id."""
+    cursor = db.execute("INSERT INTO steps (sale_id, at, step, state, detail) VALUES "
+                        "(?, 2.0, 'note', 'completed', '{}')", (sale_id,))
+    assert cursor.lastrowid is not None
+    return cursor.lastrowid
+
+
+def test_a_shell_and_a_reader_open_with_the_old_schema_while_the_agent_edits_it(
+    tmp_path: Path,
+) -> None:
+    """A tech's sqlite3 shell and ``kiosk-agent sales`` opened the journal before the agent's
+    first open and read it (the table's old text in their schema cache); the agent edits it,
+    then the shell and the agent write steps in turns: each connection reads the new text (the
+    schema version moved on), no id is given twice, sqlite_sequence stays without the row."""
+    path = tmp_path / "journal.db"
+    _journal_made_before(path, 3)
+    given = _seq(path)
+    assert given is not None
+    shell = sqlite3.connect(path, isolation_level=None)
+    shell.execute("PRAGMA busy_timeout=5000")
+    assert shell.execute("SELECT COUNT(*) FROM steps").fetchone()[0] == given
+    sales = Journal(path)
+    sales.open_to_read()
+    assert len(sales.query()) == 3
+    journal = Journal(path)
+    journal.open()
+    try:
+        assert "AUTOINCREMENT" not in _schema_of_steps(path)
+        written = [_insert_step(shell, "s1")]
+        sale = journal.create(new_sale(4))
+        written.append(_insert_step(shell, "s2"))
+        walk_to(journal, sale, SaleState.COMPLETED)
+        written.append(_insert_step(shell, "s4"))
+        ids = [i for i, _, _ in _steps(path)]
+        assert len(ids) == len(set(ids))
+        assert written == sorted(written)
+        assert written[0] == given + 1
+        assert max(ids) == written[-1]
+        assert shell.execute(
+            "SELECT COUNT(*) FROM sqlite_sequence WHERE name = 'steps'").fetchone() == (0,)
+        assert sorted(s.sale_id for s in sales.query()) == ["s1", "s2", "s3", "s4"]
+        assert len(sales.steps("s4")) == len(journal.steps("s4"))
+    finally:
+        journal.close()
+        sales.close()
+        shell.close()
+    assert integrity(path) == []
+
+
+def test_a_shell_in_a_read_transaction_does_not_hold_the_edit_nor_write_past_it(
+    tmp_path: Path,
+) -> None:
+    """A shell that began a transaction and read (its snapshot: the table with AUTOINCREMENT):
+    the agent's open edits the schema beside it (WAL: a reader holds no writer). The shell's
+    write inside that old snapshot is refused (SQLite's busy snapshot), not written on the old
+    schema; after it ends its transaction it writes with the new one."""
+    path = tmp_path / "journal.db"
+    _journal_made_before(path, 2)
+    given = _seq(path)
+    assert given is not None
+    shell = sqlite3.connect(path, isolation_level=None)
+    shell.execute("BEGIN")
+    assert shell.execute("SELECT MAX(id) FROM steps").fetchone() == (given,)
+    journal = Journal(path)
+    journal.open()
+    try:
+        assert "AUTOINCREMENT" not in _schema_of_steps(path)
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            _insert_step(shell, "s1")
+        shell.execute("ROLLBACK")
+        journal.create(new_sale(3))
+        assert _insert_step(shell, "s1") == given + 2
+        assert shell.execute(
+            "SELECT COUNT(*) FROM sqlite_sequence WHERE name = 'steps'").fetchone() == (0,)
+    finally:
+        journal.close()
+        shell.close()
+    assert integrity(path) == []
