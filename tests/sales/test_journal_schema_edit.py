@@ -305,14 +305,21 @@ def test_a_kill_at_random_instants_of_the_first_open_loses_nothing(
         _opened_whole(path, steps, sales, given)
 
 
-def test_a_power_cut_in_the_first_open_loses_nothing(made_before: Path, tmp_path: Path) -> None:
-    """The first open's writes are WAL frames after the ones the killed process left; a power
-    cut keeps the database file and any first part of the WAL (the frames past its last fsync
-    may be lost, a frame torn): every such cut opens whole, before the edit or after it."""
+@pytest.mark.parametrize("torn", [False, True], ids=["whole", "torn"])
+def test_a_power_cut_in_the_first_open_loses_nothing(
+    made_before: Path, tmp_path: Path, torn: bool
+) -> None:
+    """The first open's writes are WAL frames after the ones the killed process left (``torn``:
+    and after half a frame of its next commit, cut by the power); a power cut keeps the
+    database file and any first part of the WAL (the frames past its last fsync may be lost, a
+    frame torn): every such cut opens whole, before the edit or after it."""
     steps, sales, given = _facts(made_before, tmp_path)
     assert given is not None
     wal = made_before.with_name(made_before.name + "-wal")
     database, left = made_before.read_bytes(), wal.read_bytes()
+    if torn:  # the head of a frame (this WAL's salts) and half its page
+        size = 24 + int.from_bytes(left[8:12], "big")
+        wal.write_bytes(left + left[-size:][: 24 + size // 2])
     journal = Journal(made_before)
     journal.open()  # the edit, committed (its WAL fsynced): the files as they stand now
     page = int(journal.db.execute("PRAGMA page_size").fetchone()[0])
