@@ -720,3 +720,53 @@ def test_rolled_back_the_previous_releases_prune_of_every_sale_gives_ids_again(
     _previous_release_sells_and_prunes(path, 1, time.time() + 30 * 86400)  # every sale old
     _previous_release_sells_and_prunes(path, 2, 0.0)  # then a sale of its own, nothing pruned
     assert min(i for i, sale, _ in _steps(path) if sale == "p2") > highest
+
+
+def test_two_processes_opening_an_old_journal_at_once_edit_it_once(
+    made_before: Path, tmp_path: Path
+) -> None:
+    """The agent and a command that opens the journal to write, started together on the first
+    boot of this release: each edits inside its own write transaction, the second finds the
+    text edited already; whole, every sale and step there, whichever went first."""
+    steps, sales, given = _facts(made_before, tmp_path)
+    assert given is not None
+    path = tmp_path / "journal.db"
+    for _ in range(5):
+        for suffix in ("", *_SIDE):
+            path.with_name(path.name + suffix).unlink(missing_ok=True)
+        _copy(made_before, path)
+        version = _schema_version(path)
+        pids = []
+        for n in (1, 2):
+            pid = os.fork()
+            if pid == 0:
+                status = 1
+                try:
+                    journal = Journal(path)
+                    journal.open()
+                    journal.create(new_sale(100 + n))
+                    journal.close()
+                    status = 0
+                finally:
+                    os._exit(status)
+            pids.append(pid)
+        for pid in pids:
+            _, status = os.waitpid(pid, 0)
+            assert os.WIFEXITED(status)
+            assert os.WEXITSTATUS(status) == 0
+        assert "AUTOINCREMENT" not in _schema_of_steps(path)
+        assert _schema_version(path) == version + 1
+        assert integrity(path) == []
+        after = _steps(path)
+        assert [s for s in after if s[1] not in ("s101", "s102")] == steps
+        assert min(i for i, sale, _ in after if sale in ("s101", "s102")) > given
+        assert len({i for i, _, _ in after}) == len(after)
+        assert [s for s in _sales(path) if s[0] not in ("s101", "s102")] == sales
+
+
+def _schema_version(path: Path) -> int:
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return int(db.execute("PRAGMA schema_version").fetchone()[0])
+    finally:
+        db.close()
