@@ -1304,7 +1304,10 @@ def _steps_without_autoincrement(db: sqlite3.Connection) -> None:
             "UPDATE sqlite_master SET sql = ? WHERE type = 'table' AND name = 'steps'",
             (_AUTOINCREMENT.sub("", str(row[0])),),
         )
-    except sqlite3.DatabaseError as err:  # the statement alone failed: nothing changed
+    except sqlite3.DatabaseError as err:
+        if not db.in_transaction:  # an interrupt, a full disk, an I/O error: SQLite rolled the
+            raise  # migration back, and its rest would run outside it, each statement alone
+        # the statement alone failed (a SQLite that refuses the edit): nothing changed
         _LOGGER.info("journal: the steps table keeps AUTOINCREMENT (%s)", err)
         return
     else:

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kiosk_agent.audit.store import AuditStore
-from kiosk_agent.sales.journal import Journal, SaleRecord, integrity
+from kiosk_agent.sales.journal import Journal, JournalError, SaleRecord, integrity
 from kiosk_agent.sales.states import SaleState, Step
 from tests.helpers import walk_to
 from tests.sales.test_journal_pages import _journal_made_before, new_sale
@@ -770,3 +770,42 @@ def _schema_version(path: Path) -> int:
         return int(db.execute("PRAGMA schema_version").fetchone()[0])
     finally:
         db.close()
+
+
+def test_an_error_that_ends_the_migrations_transaction_at_the_edit_fails_the_open_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not every error of the edit's UPDATE is SQLite refusing it: an interrupt, a full disk or an
+    I/O error there rolls the migration's whole transaction back. Then the rest of the
+    migration must not run outside any transaction (each statement committed alone): the open
+    fails naming the error, nothing of the migration written, and the next open does it all."""
+    path = tmp_path / "journal.db"
+    _journal_made_before(path, 2)
+    db = sqlite3.connect(path)
+    db.execute("CREATE INDEX sales_state ON sales(state)")  # retired: the migration drops it
+    db.close()
+    real = sqlite3.connect
+
+    def connect(*args: object, **kwargs: object) -> sqlite3.Connection:
+        made = real(*args, **kwargs)  # type: ignore[arg-type]
+
+        def trace(sql: str) -> None:
+            if sql.startswith("UPDATE sqlite_master"):
+                made.interrupt()  # SQLite's own: the UPDATE fails, the transaction with it
+
+        made.set_trace_callback(trace)
+        return made
+
+    monkeypatch.setattr(sqlite3, "connect", connect)
+    with pytest.raises(JournalError, match="interrupted"):
+        Journal(path).open()
+    monkeypatch.setattr(sqlite3, "connect", real)
+    db = sqlite3.connect(path)
+    assert db.execute("SELECT 1 FROM sqlite_master WHERE name = 'sales_state'").fetchone() == (1,)
+    db.close()
+    assert "AUTOINCREMENT" in _schema_of_steps(path)
+    journal = Journal(path)
+    journal.open()
+    journal.close()
+    assert "AUTOINCREMENT" not in _schema_of_steps(path)
+    assert integrity(path) == []
