@@ -1351,14 +1351,26 @@ def _steps_without_autoincrement(db: sqlite3.Connection) -> None:
     """A journal whose ``steps`` table was made ``AUTOINCREMENT`` keeps it, without the keyword:
     its text in the schema edited in place (SQLite's own way for a change that leaves every page
     as it is: the table's rows, ids and indexes are the same either way), the schema's version
-    moved on so that every connection reads it again, its ``sqlite_sequence`` row dropped.
-    Inside the migration's transaction: instant on a year's journal (no table rebuilt). A SQLite
-    that refuses the edit (built or configured defensive) leaves the table as it was: the journal
-    works the same, a page more a commit."""
+    moved on so that every connection reads it again, its ``sqlite_sequence`` row dropped (only
+    once no id above the highest step was given: else at a later open). Inside the migration's
+    transaction: instant on a year's journal (no table rebuilt). A SQLite that refuses the edit
+    (built or configured defensive) leaves the table as it was: the journal works the same, a
+    page more a commit."""
     row = db.execute(
         "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'steps'"
     ).fetchone()
     if row is None or not _AUTOINCREMENT.search(str(row[0])):
+        return
+    # Ids above the newest step were given and pruned (the previous release's prune took the
+    # sale that held its newest steps: a unit that sold nothing for its retention): only
+    # sqlite_sequence remembers them, and without it the next step would take one again. The
+    # keyword stays until a step is written above them (its id is then the highest): the next
+    # open drops it.
+    given = db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'steps'").fetchone()
+    newest = int(db.execute("SELECT COALESCE(MAX(id), 0) FROM steps").fetchone()[0])
+    if given is not None and int(given[0]) > newest:
+        _LOGGER.info("journal: the steps table keeps AUTOINCREMENT until a step is written above "
+                     "the ids pruned (up to %d, the highest now %d)", int(given[0]), newest)
         return
     version = int(db.execute("PRAGMA schema_version").fetchone()[0])
     db.execute("PRAGMA writable_schema=ON")
@@ -1367,7 +1379,10 @@ def _steps_without_autoincrement(db: sqlite3.Connection) -> None:
             "UPDATE sqlite_master SET sql = ? WHERE type = 'table' AND name = 'steps'",
             (_AUTOINCREMENT.sub("", str(row[0])),),
         )
-    except sqlite3.DatabaseError as err:  # the statement alone failed: nothing changed
+    except sqlite3.DatabaseError as err:
+        if not db.in_transaction:  # an interrupt, a full disk, an I/O error: SQLite rolled the
+            raise  # migration back, and its rest would run outside it, each statement alone
+        # the statement alone failed (a SQLite that refuses the edit): nothing changed
         _LOGGER.info("journal: the steps table keeps AUTOINCREMENT (%s)", err)
         return
     else:

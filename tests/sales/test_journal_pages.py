@@ -210,6 +210,10 @@ class _Defensive:
     def __init__(self, db: sqlite3.Connection) -> None:
         self.db = db
 
+    @property
+    def in_transaction(self) -> bool:
+        return self.db.in_transaction
+
     def execute(self, sql: str, *args: object) -> sqlite3.Cursor:
         if sql.startswith("UPDATE sqlite_master"):
             raise sqlite3.OperationalError("table sqlite_master may not be modified")
