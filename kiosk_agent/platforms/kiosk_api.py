@@ -570,7 +570,8 @@ class KioskApi:
         headers = {}
         if err.until is not None:
             body["until"] = round(err.until, 3)  # Unix time, as each step's "at"
-            headers["Retry-After"] = str(max(1, math.ceil(err.until - time.time())))
+        if err.left is not None:  # on the monotonic clock: a step of the wall clock moves none
+            headers["Retry-After"] = str(max(1, math.ceil(err.left)))
         return web.json_response(body, status=409, headers=headers)
 
     def _journal_refusal(self, err: Exception) -> web.Response:

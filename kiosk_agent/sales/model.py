@@ -130,8 +130,10 @@ class RecoveryHolds(TerminalBusy):
     flight (its vend timeout); None when it finishes an open sale's money, which has no
     deadline to tell. A kiosk app shows "one moment" and asks again then."""
 
-    def __init__(self, terminal: str, reason: str, until: float | None) -> None:
+    def __init__(self, terminal: str, reason: str, until: float | None,
+                 left: float | None = None) -> None:
         self.until = until
+        self.left = left  # seconds until then on the monotonic clock (a kiosk's Retry-After)
         super().__init__(terminal, reason)
 
 
