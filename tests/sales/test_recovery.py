@@ -583,7 +583,10 @@ async def _card_first_left_dispensing(
     with the request; its customer chose A2 at $2.50 ``chose_ago`` seconds before the next
     start (None: had not chosen), as the flow journals it (``dispense.chosen``; ``detail``
     written over it). The next start's clock on ``boot``."""
-    sim, clock = await _left_dispensing(sim_factory, tmp_path, boot, product=None)
+    # the mdb platform's (the only one with card-first sessions), as a journal of the release
+    # before chosen_at_machine has it: no flag on its created step
+    sim, clock = await _left_dispensing(sim_factory, tmp_path, boot, product=None,
+                                        source="mdb:front")
     if chose_ago is not None:
         journal = Journal(tmp_path / "journal.db")
         journal.open()

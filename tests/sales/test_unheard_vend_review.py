@@ -10,11 +10,17 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from kiosk_agent.sales.journal import SaleRecord, StepRecord
-from kiosk_agent.sales.recovery import unheard_vend
+import pytest
+
+from kiosk_agent.sales.journal import Journal, SaleRecord, StepRecord
+from kiosk_agent.sales.late_vends import late_vended
+from kiosk_agent.sales.recovery import UNHEARD, unheard_vend
 from kiosk_agent.sales.states import SaleState, Step
+from kiosk_agent.service.models import TransStatus
 from tests.platforms.agent_rig import until_final
 from tests.platforms.test_kiosk_api import _app, amounts_times, answers_rewritten
+
+from .test_recovery import _left_dispensing, rows
 
 
 async def _sold(tmp_path: Path, sim: Any, rewrite: Any) -> tuple[SaleRecord, list[StepRecord]]:
@@ -62,3 +68,40 @@ async def test_a_vend_refused_for_a_partial_authorization_is_never_told_as_maybe
     told = [names[n - 1] for n in range(refused_from, len(steps) + 1)
             if unheard_vend(*_cut(record, steps, n)) is not None]
     assert told == [], (told, names)
+
+
+@pytest.mark.parametrize("source", ["kiosk_api:screen", "serial_line:panel", "mdb:front"])
+async def test_an_old_journals_sale_naming_no_product_is_read_by_the_platform_that_made_it(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path, source: str
+) -> None:
+    """A journal written by the release before ``chosen_at_machine`` (main's, 2026-11-30): an
+    authorize_capture sale naming no product, left dispensing, its ``created`` step saying
+    nothing of who chooses. Only the mdb platform opens card-first sessions (C,START, the
+    customer's choice approving the vend); a kiosk app's or a serial line's sale for an amount
+    approved its vend with its ``dispense.request``. Read as card first, such a sale was not
+    listened for and its money went back at once, told to nobody, though the product may have
+    gone out: now the source's platform says which, and it is listened for and told; an mdb
+    card-first session nobody chose in is still given back untold."""
+    sim, clock = await _left_dispensing(sim_factory, tmp_path, product=None, source=source)
+    journal = Journal(tmp_path / "journal.db")
+    journal.open()
+    [created] = [s for s in journal.steps("crashed1") if s.step == Step.CREATED]
+    journal.close()
+    assert "chosen_at_machine" not in created.detail  # as main wrote it
+    agent = await agent_factory(sim=sim, clock=clock)
+    listened = agent.sales.listening_after_restart("crashed1")
+
+    [event] = await clock.run(agent.recovery.wait(), horizon=600)
+
+    assert event.state is SaleState.REVERSED, event.message
+    [row] = await rows(agent.service, "KACRASHED1")
+    assert row.status is TransStatus.VOIDED  # the money back, either way
+    noted = late_vended(agent.journal).get("crashed1")
+    if source.startswith("mdb:"):
+        assert listened is None
+        assert noted is None
+        return
+    assert listened is not None
+    assert "no vend result within its vend timeout after the restart" in event.message
+    assert noted is not None
+    assert (noted.cents, noted.unsure) == (300, UNHEARD), noted
