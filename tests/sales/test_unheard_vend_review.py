@@ -12,10 +12,13 @@ from typing import Any
 
 import pytest
 
+from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.sales.journal import Journal, SaleRecord, StepRecord
 from kiosk_agent.sales.late_vends import late_vended
+from kiosk_agent.sales.model import DispenseOutcome, DispenseStatus
 from kiosk_agent.sales.recovery import UNHEARD, unheard_vend
 from kiosk_agent.sales.states import SaleState, Step
+from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.models import TransStatus
 from tests.platforms.agent_rig import until_final
 from tests.platforms.test_kiosk_api import _app, amounts_times, answers_rewritten
@@ -105,3 +108,31 @@ async def test_an_old_journals_sale_naming_no_product_is_read_by_the_platform_th
     assert "no vend result within its vend timeout after the restart" in event.message
     assert noted is not None
     assert (noted.cents, noted.unsure) == (300, UNHEARD), noted
+
+
+async def test_a_vend_heard_after_a_person_voided_its_hold_meanwhile_goes_to_a_person(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path
+) -> None:
+    """Recovery listens for the vend a kill left in flight; meanwhile a person at the service
+    voids the sale's authorization (the customer phoned). Then the machine says it vended: the
+    product is out and the money is back with the customer. The agent takes no money it cannot
+    prove (nothing captured, no second charge) and the sale says so to a person, not
+    "completed". (Found holding, 2026-11-30, i41-review-money.)"""
+    sim, clock = await _left_dispensing(sim_factory, tmp_path)
+    agent = await agent_factory(sim=sim, clock=clock)
+    assert agent.sales.listening_after_restart("crashed1") is not None
+    record = agent.journal.get("crashed1")
+    assert record is not None
+    assert record.trans_id is not None
+    async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
+        assert (await service.payments.void_or_refund(
+            record.trans_id, user_identifier="ops-desk")).voided
+    success = DispenseOutcome(DispenseStatus.VENDED, 0, "B1", "vend success")
+    assert agent.sales.restart_vend_heard("crashed1", success)
+    [event] = await clock.run(agent.recovery.wait(), horizon=600)
+    [row] = await rows(agent.service, "KACRASHED1")
+    assert row.status is TransStatus.VOIDED  # nothing taken after the person's void
+    assert event.state is SaleState.ATTENTION, event.message
+    assert event.captured_cents == 0, event.message
+    assert event.message.startswith("dispensed, but the capture failed"), event.message
+    assert "transaction_voided" in event.message, event.message
