@@ -136,3 +136,21 @@ async def test_a_vend_heard_after_a_person_voided_its_hold_meanwhile_goes_to_a_p
     assert event.captured_cents == 0, event.message
     assert event.message.startswith("dispensed, but the capture failed"), event.message
     assert "transaction_voided" in event.message, event.message
+
+
+def test_an_old_journals_card_first_platforms_are_the_sale_kinds_ones() -> None:
+    """Which platforms may open card-first sessions is one contract (sales.kinds): the demo's
+    ``virtual`` machine is one, as ``mdb``; a created step that says so decides over it."""
+    from kiosk_agent.sales.kinds import CARD_FIRST_PLATFORMS
+    from kiosk_agent.sales.recovery import approved_by_request
+
+    def sale(source: str, **created: Any) -> tuple[SaleRecord, list[StepRecord]]:
+        record = SaleRecord(sale_id="s", order_id="o", source=source, flow="authorize_capture",
+                            terminal="T", amount_cents=300, state=SaleState.DISPENSING)
+        return record, [StepRecord("s", 1.0, Step.CREATED, SaleState.STARTED, created)]
+
+    assert set(CARD_FIRST_PLATFORMS) == {"mdb", "virtual"}
+    assert [approved_by_request(*sale(f"{p}:x")) for p in CARD_FIRST_PLATFORMS] == [False] * 2
+    assert approved_by_request(*sale("gpio:button")) is True
+    assert approved_by_request(*sale("mdb:front", chosen_at_machine=False)) is True
+    assert approved_by_request(*sale("kiosk_api:screen", chosen_at_machine=True)) is False
