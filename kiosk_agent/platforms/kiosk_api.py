@@ -48,7 +48,6 @@ import math
 import re
 import sqlite3
 import struct
-import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -512,7 +511,9 @@ class KioskApi:
         body = await _json_body(request)
         sale_request = self._sale_request(body)
         if getattr(self.agent.sales, "stopping", False):
-            return self._stopping(getattr(self.agent.sales, "stopping_until", None))
+            sales = self.agent.sales
+            return self._stopping(getattr(sales, "stopping_until", None),
+                                  getattr(sales, "stopping_left", None))
         refused = self._out_of_service(sale_request.terminal)
         if refused is not None:
             return refused
@@ -520,7 +521,7 @@ class KioskApi:
         try:
             sale = await self.agent.sales.start(sale_request, dispenser)
         except AgentStopping as err:  # the stop began while this request was read
-            return self._stopping(err.until)
+            return self._stopping(err.until, err.left)
         except RecoveryHolds as err:  # a sale the last stop or crash left there, finished
             return self._recovering(err)
         except TerminalBusy as err:  # another sale, or recovery
@@ -543,14 +544,15 @@ class KioskApi:
             status=202,
         )
 
-    def _stopping(self, until: float | None) -> web.Response:
+    def _stopping(self, until: float | None, left: float | None = None) -> web.Response:
         """503 while the agent drains (a restart, an upgrade): no new sale; the sales already
         running go on, and their confirmations and reads are still taken. Retry-After: the
         drain's end at the latest."""
         self.refused_stopping += 1
         self._refused("stopping", "%s: sale refused: %s", self.name, STOPPING,
                       level=logging.INFO)
-        left = 1.0 if until is None else until - time.time()
+        if left is None:  # the seconds left on the monotonic clock: none known, ask in one
+            left = 1.0
         body: dict[str, Any] = {"error": "stopping", "field": None,
                                 "message": f"card payment unavailable: {STOPPING}"}
         if until is not None:

@@ -118,8 +118,9 @@ class AgentStopping(TerminalBusy):
     """A trigger arrived while the agent drains (a stopping signal): refused at once, and the
     kiosk app is told when to ask again (``until``: the drain's end, Unix time)."""
 
-    def __init__(self, terminal: str, until: float | None) -> None:
+    def __init__(self, terminal: str, until: float | None, left: float | None = None) -> None:
         self.until = until
+        self.left = left  # seconds until then on the monotonic clock (a kiosk's Retry-After)
         super().__init__(terminal, STOPPING)
 
 

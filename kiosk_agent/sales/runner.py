@@ -213,7 +213,8 @@ class SaleRunner:
         # so every face hears it at once: recovery_hold)
         self.on_recovery_hold: Callable[[], None] | None = None
         self._stopping = False
-        self.stopping_until: float | None = None  # the drain's end (Unix time), once closed
+        # the drain's end on the monotonic clock, once closed (stopping_until: as Unix time)
+        self._stop_due: float | None = None
         self.limits = TriggerLimits()
         # card first, per trigger: offers in a row that got no authorization (the offer pace)
         self._unanswered: dict[str, int] = {}
@@ -399,7 +400,7 @@ class SaleRunner:
         """Journal a new sale and start its flow; TerminalBusy at once if the terminal is taken."""
         device = self.settings.resolve_terminal(request.terminal)
         if self._stopping:
-            raise AgentStopping(device, self.stopping_until)
+            raise AgentStopping(device, self.stopping_until, self.stopping_left)
         reason = self.busy_reason(device)
         if reason is not None:
             raise self._refusal(device, reason)
@@ -560,11 +561,28 @@ class SaleRunner:
 
     def close(self, until: float | None = None) -> None:
         """Refuse every new sale from now on: the first thing a stop does. ``until``: when the
-        drain ends (Unix time), told to whoever is refused."""
+        drain ends (Unix time), told to whoever is refused; kept on the monotonic clock, so a
+        step of the wall clock meanwhile moves no deadline (:attr:`stopping_left`)."""
         self._stopping = True
         self.context.customers.stop()  # the drain sends the waiting captures at once
         if until is not None:
-            self.stopping_until = until
+            clock = self.context.clock
+            self._stop_due = clock.monotonic() + (until - clock.time())
+
+    @property
+    def stopping_left(self) -> float | None:
+        """Seconds until the drain's end on the monotonic clock (None: not closed with one)."""
+        if self._stop_due is None:
+            return None
+        return max(0.0, self._stop_due - self.context.clock.monotonic())
+
+    @property
+    def stopping_until(self) -> float | None:
+        """The drain's end as Unix time, read now from :attr:`stopping_left` (a kiosk app's
+        ``until``; 2026-11-30, i41-review-money: fixed on the wall clock at the stop, so a step
+        of the clock showed it hours off)."""
+        left = self.stopping_left
+        return None if left is None else self.context.clock.time() + left
 
     def cancel_unpaid(self) -> list[str]:
         """Ask every sale whose customer has not paid yet (still waiting for the card) to end:

@@ -82,3 +82,36 @@ async def test_a_wall_clock_step_during_recovery_moves_no_deadline_any_face_show
             # the app asks again once the vend's timeout has run, not an hour later (nor at
             # once: a second after, again and again, for an hour)
             assert 1 <= retry <= left + 1, (retry, left)
+
+
+async def test_the_drains_503_counts_its_retry_after_on_the_monotonic_clock(
+    tmp_path: Path, sim_settings: Any
+) -> None:
+    """The same for the stop's drain (a restart, an upgrade): a controller that booted an hour
+    ahead of the real time, NTP stepping it back meanwhile (here: before the stop). The 503's
+    ``Retry-After`` was the drain's end on the agent's wall clock less the real one's (3620 s
+    for a 20 s drain); it is now the seconds left on the monotonic clock, and ``until`` the
+    wall time of that end as the agent's clock reads it when answering."""
+    clock = FakeClock(wall=time.time() + 3600, boot_id="fake-boot-1")
+    trigger = {"platform": "kiosk_api", "name": "screen", "token": "!secret kiosk_token",
+               "port": 0, "products": {"tea": "1.75"}}
+    async with running_agent(tmp_path, sim_settings, [trigger], secrets={"kiosk_token": TOKEN},
+                             clock=clock, sales={"vend_timeout": 5.0, "stop_timeout": 20}
+                             ) as agent:
+        port = agent.platforms[0].port  # type: ignore[attr-defined]
+        await agent.drain()  # no sale running: returns at once, the runner closed
+        clock.step_wall(-3600)
+        async with (
+            aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as session,
+            session.post(f"http://127.0.0.1:{port}/api/v1/sales", json={"product": "tea"}
+                         ) as answer,
+        ):
+            assert answer.status == 503
+            body = await answer.json()
+            retry = int(answer.headers["Retry-After"])
+        assert 1 <= retry <= 20, retry
+        assert 0 < body["until"] - clock.time() <= 20.01, (body, clock.time())  # ms rounded
+        # health's words too ("stopping (no sale running)" here: no time said); the time it
+        # says while sales drain is read the same way
+        assert agent.sales.stopping_until is not None
+        assert 0 < agent.sales.stopping_until - clock.time() <= 20
