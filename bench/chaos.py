@@ -100,6 +100,10 @@ async def main() -> int:
     print(f"unpaid vends      {len(report.unpaid_vends)}")
     for line in report.unpaid_vends:
         print(f"  {line}")
+    print(f"maybe, not vended {len(report.maybe_not_vended)} (told 'may have dispensed', "
+          "the machine vended nothing)")
+    for line in report.maybe_not_vended:
+        print(f"  {line}")
     print(
         f"unpaid-vend window p50 {summary['unpaid_vend_window_p50_ms']} ms, "
         f"p99 {summary['unpaid_vend_window_p99_ms']} ms (dispense.request -> vend result)"

@@ -749,7 +749,8 @@ class Agent:
                 except Exception:
                     _LOGGER.exception("platform %s failed to start draining", platform.name)
         self.sales.cancel_unpaid()
-        self.health.report_stopping(until, lambda: len(self.sales.running))
+        self.health.report_stopping(lambda: self.sales.stopping_until,
+                                    lambda: len(self.sales.running))
         if self._systemd is not None:
             self._systemd.stopping(self.health.stopping_text(), seconds)
         running = len(self.sales.running)

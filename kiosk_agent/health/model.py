@@ -278,7 +278,7 @@ class Health:
         self._ever_healthy: set[str] = set()  # links that have been up at least once
         self._listeners: list[Callable[[], object]] = []
         # the drain's end (Unix time) and how many sales it still waits for, once stopping
-        self._stopping: tuple[float, Callable[[], int]] | None = None
+        self._stopping: tuple[Callable[[], float | None], Callable[[], int]] | None = None
         self._audit: AuditHealth | None = None
         # terminal -> (what recovery does there, until when or None): read at each snapshot
         self._holds: Callable[[], Mapping[str, tuple[str, float | None]]] | None = None
@@ -438,9 +438,12 @@ class Health:
         """Show ``count()`` (the unexpected errors ``part`` caught and went on after) in health."""
         self._error_counts[part] = count
 
-    def report_stopping(self, until: float, draining: Callable[[], int]) -> None:
+    def report_stopping(
+        self, until: Callable[[], float | None], draining: Callable[[], int]
+    ) -> None:
         """A stopping signal came: new sales are refused, the ``draining()`` sales still running
-        may finish until ``until`` (Unix time)."""
+        may finish until ``until()`` (Unix time, read when said: the runner keeps the drain's
+        end on the monotonic clock, so a step of the wall clock moves no deadline)."""
         self._stopping = (until, draining)
         self._changed()
 
@@ -448,9 +451,10 @@ class Health:
         """``stopping (draining 2 sales, until 14:03:27Z)``; empty while not stopping."""
         if self._stopping is None:
             return ""
-        until, draining = self._stopping
+        read_until, draining = self._stopping
         count = draining()
-        at = display_clock(until)
+        until = read_until()
+        at = display_clock(until) if until is not None else "?"
         if not count:
             return "stopping (no sale running)"
         return f"stopping (draining {count} sale{'s' if count != 1 else ''}, until {at})"

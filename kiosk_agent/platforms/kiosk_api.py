@@ -49,7 +49,6 @@ import math
 import re
 import sqlite3
 import struct
-import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -526,7 +525,9 @@ class KioskApi:
         body = await _json_body(request)
         sale_request = self._sale_request(body)
         if getattr(self.agent.sales, "stopping", False):
-            return self._stopping(getattr(self.agent.sales, "stopping_until", None))
+            sales = self.agent.sales
+            return self._stopping(getattr(sales, "stopping_until", None),
+                                  getattr(sales, "stopping_left", None))
         refused = self._out_of_service(sale_request.terminal)
         if refused is not None:
             return refused
@@ -534,7 +535,7 @@ class KioskApi:
         try:
             sale = await self.agent.sales.start(sale_request, dispenser)
         except AgentStopping as err:  # the stop began while this request was read
-            return self._stopping(err.until)
+            return self._stopping(err.until, err.left)
         except RecoveryHolds as err:  # a sale the last stop or crash left there, finished
             return self._recovering(err)
         except TerminalBusy as err:  # another sale, or recovery
@@ -557,14 +558,15 @@ class KioskApi:
             status=202,
         )
 
-    def _stopping(self, until: float | None) -> web.Response:
+    def _stopping(self, until: float | None, left: float | None = None) -> web.Response:
         """503 while the agent drains (a restart, an upgrade): no new sale; the sales already
         running go on, and their confirmations and reads are still taken. Retry-After: the
         drain's end at the latest."""
         self.refused_stopping += 1
         self._refused("stopping", "%s: sale refused: %s", self.name, STOPPING,
                       level=logging.INFO)
-        left = 1.0 if until is None else until - time.time()
+        if left is None:  # the seconds left on the monotonic clock: none known, ask in one
+            left = 1.0
         body: dict[str, Any] = {"error": "stopping", "field": None,
                                 "message": f"card payment unavailable: {STOPPING}"}
         if until is not None:
@@ -584,7 +586,8 @@ class KioskApi:
         headers = {}
         if err.until is not None:
             body["until"] = round(err.until, 3)  # Unix time, as each step's "at"
-            headers["Retry-After"] = str(max(1, math.ceil(err.until - time.time())))
+        if err.left is not None:  # on the monotonic clock: a step of the wall clock moves none
+            headers["Retry-After"] = str(max(1, math.ceil(err.left)))
         return web.json_response(body, status=409, headers=headers)
 
     def _journal_refusal(self, err: Exception) -> web.Response:

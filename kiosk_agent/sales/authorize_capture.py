@@ -10,7 +10,7 @@ import logging
 
 from kiosk_agent.money import format_cents
 from kiosk_agent.sales.live import SaleFlow, declined, outcome_detail
-from kiosk_agent.sales.model import DispenseOutcome, SaleEvent, vend_refusal
+from kiosk_agent.sales.model import DispenseOutcome, DispenseStatus, SaleEvent, vend_refusal
 from kiosk_agent.sales.states import AUTHORIZE_REPORTING, SaleState, Step
 from kiosk_agent.sales.steps import unknown_outcome
 from kiosk_agent.service.errors import OUTCOME_UNKNOWN, ServiceError
@@ -96,7 +96,12 @@ class AuthorizeCaptureFlow(SaleFlow):
             price, product = chosen.amount_cents, chosen.product
         refused = vend_refusal(price, authorized, product)
         if refused:
-            # a partial authorization, or a choice the card does not cover: no vend
+            # a partial authorization, or a choice the card does not cover: no vend. Journaled
+            # as the vend's end before the machine is told no, so that a kill during the
+            # give-back leaves no approved vend unheard (recovery.unheard_vend would tell a
+            # person it may have gone out; 2026-11-30, i41-review-money)
+            self.step(Step.DISPENSE_RESULT, detail=outcome_detail(
+                DispenseOutcome(DispenseStatus.CANCELLED, detail=refused)))
             await self._deny(refused)
             await self.release_terminal(may_complete=False)
             return await self.reverse(refused)

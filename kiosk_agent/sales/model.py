@@ -118,8 +118,9 @@ class AgentStopping(TerminalBusy):
     """A trigger arrived while the agent drains (a stopping signal): refused at once, and the
     kiosk app is told when to ask again (``until``: the drain's end, Unix time)."""
 
-    def __init__(self, terminal: str, until: float | None) -> None:
+    def __init__(self, terminal: str, until: float | None, left: float | None = None) -> None:
         self.until = until
+        self.left = left  # seconds until then on the monotonic clock (a kiosk's Retry-After)
         super().__init__(terminal, STOPPING)
 
 
@@ -130,8 +131,10 @@ class RecoveryHolds(TerminalBusy):
     flight (its vend timeout); None when it finishes an open sale's money, which has no
     deadline to tell. A kiosk app shows "one moment" and asks again then."""
 
-    def __init__(self, terminal: str, reason: str, until: float | None) -> None:
+    def __init__(self, terminal: str, reason: str, until: float | None,
+                 left: float | None = None) -> None:
         self.until = until
+        self.left = left  # seconds until then on the monotonic clock (a kiosk's Retry-After)
         super().__init__(terminal, reason)
 
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from kiosk_agent.sales.clock import Anchor
 from kiosk_agent.sales.journal import Journal, JournalError, SaleMoved, SaleRecord, StepRecord
+from kiosk_agent.sales.kinds import CARD_FIRST_PLATFORMS
 from kiosk_agent.sales.late_vends import maybe_note
 from kiosk_agent.sales.model import DispenseStatus, Flow, SaleEvent
 from kiosk_agent.sales.runner import SaleRunner
@@ -87,12 +88,19 @@ def approved_by_request(record: SaleRecord, steps: list[StepRecord]) -> bool:
     approves (``dispense.chosen``). A charge_card sale, or one naming its product, is selection
     first; an authorize_capture sale naming none says which on its ``created`` step
     (``chosen_at_machine``, 2026-11-30; SaleRunner.start). A journal of an earlier release does
-    not: read as card first, as it was then (a kiosk app's sale naming no product is then not
-    listened for after a restart, its money given back at once, untold)."""
+    not: the platform that made the sale says (its source, ``platform:name``): only those with
+    a card-first mode (``mdb``, the demo's ``virtual``: sales.kinds) open card-first sessions;
+    a kiosk app's, a serial line's sale for an amount approved its
+    vend with its request (2026-11-30, i41-review-money: read as card first, such a sale was
+    not listened for after a restart, its money given back at once, untold)."""
     if record.flow != Flow.AUTHORIZE_CAPTURE or record.product:
         return True
     created = next((s.detail for s in steps if s.step == Step.CREATED), {})
-    return created.get("chosen_at_machine") is False
+    said = created.get("chosen_at_machine")
+    if isinstance(said, bool):
+        return not said
+    return record.source.partition(":")[0] not in CARD_FIRST_PLATFORMS
+
 
 
 class Recovery:

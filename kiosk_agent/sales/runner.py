@@ -150,7 +150,6 @@ class RestartVend:
     terminal: str  # it takes no new sale meanwhile (recovery holds it; health says so)
     # what the machine said (restart_vend_heard), or None once recovery stops listening
     heard: asyncio.Future[DispenseOutcome | None]
-    until: float = 0.0  # ``due`` on the wall clock (Unix time), for people: health, the 409
 
 
 @data_class(frozen=True, slots=True)
@@ -162,8 +161,11 @@ class RecoveryHold:
     terminal: str
     reason: str  # for people: what recovery does there, and until when when that is known
     # Unix time: the end of the vend timeout while recovery listens for a vend that sale left
-    # in flight; None while it finishes an open sale's money (no deadline to tell)
+    # in flight; None while it finishes an open sale's money (no deadline to tell). Read from
+    # the deadline on the monotonic clock when the hold is read: a step of the wall clock (NTP
+    # at boot) moves the time shown, never what is left (2026-11-30, i41-review-money)
     until: float | None
+    left: float | None = None  # seconds until then, on the monotonic clock (Retry-After)
 
 
 def restart_hearing_text(sale_id: str, until: float) -> str:
@@ -211,7 +213,8 @@ class SaleRunner:
         # so every face hears it at once: recovery_hold)
         self.on_recovery_hold: Callable[[], None] | None = None
         self._stopping = False
-        self.stopping_until: float | None = None  # the drain's end (Unix time), once closed
+        # the drain's end on the monotonic clock, once closed (stopping_until: as Unix time)
+        self._stop_due: float | None = None
         self.limits = TriggerLimits()
         # card first, per trigger: offers in a row that got no authorization (the offer pace)
         self._unanswered: dict[str, int] = {}
@@ -268,9 +271,7 @@ class SaleRunner:
         or crash) until ``due``: its future gets what the machine says
         (:meth:`restart_vend_heard`), or None once recovery stops listening
         (:meth:`stop_listening`)."""
-        clock = self.context.clock
-        vend = RestartVend(due, cents, terminal, asyncio.get_running_loop().create_future(),
-                           until=clock.time() + (due - clock.monotonic()))
+        vend = RestartVend(due, cents, terminal, asyncio.get_running_loop().create_future())
         self._restart_vends[sale_id] = vend
         return vend
 
@@ -354,11 +355,14 @@ class SaleRunner:
         reason = blocked.get("recovery") if blocked else None
         if reason is None:
             return None
-        listened = [(vend.until, sale_id) for sale_id, vend in self._restart_vends.items()
+        listened = [(vend.due, sale_id) for sale_id, vend in self._restart_vends.items()
                     if vend.terminal == device_id and not vend.heard.done()]
         if listened:
-            until, sale_id = max(listened)
-            return RecoveryHold(device_id, restart_hearing_text(sale_id, until), until)
+            due, sale_id = max(listened)
+            clock = self.context.clock
+            left = max(0.0, due - clock.monotonic())
+            until = clock.time() + left  # the wall clock's now, not the hearing's start's
+            return RecoveryHold(device_id, restart_hearing_text(sale_id, until), until, left)
         sale = reason.removeprefix("recovering ")
         return RecoveryHold(device_id, f"recovering: finishing {sale}, left open by the last "
                             "stop or crash", None)
@@ -375,7 +379,7 @@ class SaleRunner:
         hold = self.recovery_hold(device_id)
         if hold is None or blocked is None or reason != blocked.get("recovery"):
             return TerminalBusy(device_id, reason)
-        return RecoveryHolds(device_id, hold.reason, hold.until)
+        return RecoveryHolds(device_id, hold.reason, hold.until, hold.left)
 
     def block(self, device_id: str, reason: str, by: str) -> None:
         """Refuse new sales on a terminal (``by`` recovery finishing an old sale on it, say)."""
@@ -396,7 +400,7 @@ class SaleRunner:
         """Journal a new sale and start its flow; TerminalBusy at once if the terminal is taken."""
         device = self.settings.resolve_terminal(request.terminal)
         if self._stopping:
-            raise AgentStopping(device, self.stopping_until)
+            raise AgentStopping(device, self.stopping_until, self.stopping_left)
         reason = self.busy_reason(device)
         if reason is not None:
             raise self._refusal(device, reason)
@@ -557,11 +561,28 @@ class SaleRunner:
 
     def close(self, until: float | None = None) -> None:
         """Refuse every new sale from now on: the first thing a stop does. ``until``: when the
-        drain ends (Unix time), told to whoever is refused."""
+        drain ends (Unix time), told to whoever is refused; kept on the monotonic clock, so a
+        step of the wall clock meanwhile moves no deadline (:attr:`stopping_left`)."""
         self._stopping = True
         self.context.customers.stop()  # the drain sends the waiting captures at once
         if until is not None:
-            self.stopping_until = until
+            clock = self.context.clock
+            self._stop_due = clock.monotonic() + (until - clock.time())
+
+    @property
+    def stopping_left(self) -> float | None:
+        """Seconds until the drain's end on the monotonic clock (None: not closed with one)."""
+        if self._stop_due is None:
+            return None
+        return max(0.0, self._stop_due - self.context.clock.monotonic())
+
+    @property
+    def stopping_until(self) -> float | None:
+        """The drain's end as Unix time, read now from :attr:`stopping_left` (a kiosk app's
+        ``until``; 2026-11-30, i41-review-money: fixed on the wall clock at the stop, so a step
+        of the clock showed it hours off)."""
+        left = self.stopping_left
+        return None if left is None else self.context.clock.time() + left
 
     def cancel_unpaid(self) -> list[str]:
         """Ask every sale whose customer has not paid yet (still waiting for the card) to end:

@@ -841,12 +841,29 @@ class SaleSteps:
         if cents is not None and before:
             cents = max(0, cents - before)
         return self.given_back(done, undecided, why, lookup.reverse_trans_id, cents,
-                               voided=not lookup.refunded, by=lookup.given_back_by, **changes)
+                               voided=not lookup.refunded, by=lookup.given_back_by,
+                               whose=None if before else self._each_refunds_maker(lookup),
+                               **changes)
+
+    def _each_refunds_maker(self, lookup: TransactionLookup) -> str | None:
+        """Who made each refund, where reporting shows the charge refunded by several whose
+        rows name different makers: `` by refunds of $1.00 ('jane'), $2.00 (the agent's)``, so
+        that the latest's maker is not said for all of them (2026-11-30, i41-review-money: "$3.00
+        refunded by the agent", $1.00 of it a person's). None where one maker (or none) is named
+        for them all: said as one (:func:`given_back_by`)."""
+        refunds, makers = lookup.refunds_cents, lookup.refunds_by
+        if not lookup.refunded or len(refunds) < 2 or len(makers) != len(refunds) or len(
+                set(makers)) < 2:
+            return None
+        unit = self.context.unit
+        return " by refunds of " + ", ".join(
+            f"{format_cents(c)}{refund_of(by, unit)}" for c, by in zip(refunds, makers,
+                                                                      strict=True))
 
     def given_back(
         self, done: Step, undecided: Step, why: str, reverse_trans_id: str | None,
         cents: int | None, voided: bool, held: int | None = None, before: int | None = None,
-        by: str | None = None, **changes: Any,
+        by: str | None = None, whose: str | None = None, **changes: Any,
     ) -> SaleEvent:
         """The end of a sale whose give-back an answer or reporting shows made, for ``cents``
         (None: no figure named, the money held). A void releases the whole hold: a voided row
@@ -857,7 +874,8 @@ class SaleSteps:
         found given back). ``before``: what had been refunded before the agent's give-back,
         where reporting's rows say it otherwise than the journal (with ``held``, the rest).
         ``by``: who gave it back, as reporting names them (a give-back found there, not one
-        the agent heard answered): said beside the amount (:func:`given_back_by`)."""
+        the agent heard answered): said beside the amount (:func:`given_back_by`); ``whose``,
+        where given, said instead (each of several refunds' makers)."""
         if before is None:
             before = 0 if held is not None else self.record.reversed_cents
         held = self._held_cents if held is None else held
@@ -874,7 +892,8 @@ class SaleSteps:
                 "voided row)")
         else:
             amount, shown = cents, ""
-        how = ("voided" if voided else "refunded") + given_back_by(by, self.context.unit)
+        how = ("voided" if voided else "refunded") + (
+            given_back_by(by, self.context.unit) if whose is None else whose)
         if not voided and not self.record.captured_cents and "captured_cents" not in changes:
             # a refund gives back a capture: the charge was taken, whatever the flow asked
             # (2026-11-30: a charge found refunded read "$3.00 hold released", captured 0,

@@ -428,6 +428,10 @@ class ChaosReport:
     states: dict[str, int] = field(default_factory=dict)
     vends: int = 0
     unpaid_vends: list[str] = field(default_factory=list)
+    # sales told "may have dispensed" (a late.vend with ``unsure``) whose machine vended
+    # nothing: false alarms, a person checking the stock for nothing (not a violation: a kill
+    # after the dispense.request commit and before C,VEND left makes one)
+    maybe_not_vended: list[str] = field(default_factory=list)
     violations: list[Violation] = field(default_factory=list)
     faults_armed: dict[str, int] = field(default_factory=dict)
     clock_steps: list[float] = field(default_factory=list)  # offsets set, seconds, in order
@@ -450,6 +454,7 @@ class ChaosReport:
             "sales_recovered": self.sales_recovered,
             "violations": len(self.violations),
             "unpaid_vends": len(self.unpaid_vends),
+            "maybe_told_not_vended": len(self.maybe_not_vended),
             "vends": self.vends,
             "unpaid_vend_window_p50_ms": pct(0.5),
             "unpaid_vend_window_p99_ms": pct(0.99),
@@ -1393,6 +1398,12 @@ def judge(
                 violate("unpaid_vend_untold", sale,
                         f"the machine vended {vends[0]['product']} for "
                         f"{vends[0]['vended_cents']}c, no money kept and no late.vend on the sale")
+        maybe = [s for s in steps.get(sale.sale_id, [])
+                 if s.step == Step.LATE_VEND and s.detail.get("unsure")]
+        if maybe and not vends and not report.journal_damaged:
+            report.maybe_not_vended.append(
+                f"{sale.sale_id} {sale.source} {sale.state.value} {maybe[0].detail.get('unsure')!r}"
+                " steps: " + " > ".join(s.step for s in steps.get(sale.sale_id, [])))
 
 
 # =============================================================================================

@@ -313,3 +313,26 @@ def test_the_judge_holds_a_card_first_sale_to_the_chosen_price_never_the_funds()
 
     assert [(v.kind, v.sale_id) for v in report.violations] == [("kept_wrong_amount", "funds")]
     assert "500c kept for a 325c vend" in report.violations[0].text
+
+
+def test_the_judge_counts_a_maybe_told_where_the_machine_vended_nothing() -> None:
+    """A false alarm ("may have dispensed", the machine vended nothing: a kill after the
+    ``dispense.request`` commit, before C,VEND left) is counted and listed, never a violation;
+    a maybe whose vend the machine made is an unpaid vend told, not a false alarm."""
+    sales = [_sale("vended", SaleState.REVERSED), _sale("never", SaleState.REVERSED)]
+    maybe = {"unsure": "the agent stopped mid-vend; no vend result heard after the restart"}
+    steps = {
+        sale_id: [*_steps(sale_id, Step.CREATED, Step.DISPENSE_REQUEST, Step.RECOVERY_START,
+                          Step.REVERSE_REQUEST, at=at),
+                  StepRecord(sale_id, at + 4, Step.LATE_VEND, SaleState.REVERSING, maybe)]
+        for sale_id, at in (("vended", 100.0), ("never", 200.0))
+    }
+    rows = [_row("o-vended", TransStatus.VOIDED), _row("o-never", TransStatus.VOIDED)]
+    report = ChaosReport()
+
+    judge(report, sales, steps, rows, _vend(1, 101.5))
+
+    assert report.violations == []
+    assert [u.split()[0] for u in report.unpaid_vends] == ["vended"]
+    assert [m.split()[0] for m in report.maybe_not_vended] == ["never"]
+    assert report.summary()["maybe_told_not_vended"] == 1

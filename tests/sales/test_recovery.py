@@ -583,7 +583,10 @@ async def _card_first_left_dispensing(
     with the request; its customer chose A2 at $2.50 ``chose_ago`` seconds before the next
     start (None: had not chosen), as the flow journals it (``dispense.chosen``; ``detail``
     written over it). The next start's clock on ``boot``."""
-    sim, clock = await _left_dispensing(sim_factory, tmp_path, boot, product=None)
+    # the mdb platform's (the only one with card-first sessions), as a journal of the release
+    # before chosen_at_machine has it: no flag on its created step
+    sim, clock = await _left_dispensing(sim_factory, tmp_path, boot, product=None,
+                                        source="mdb:front")
     if chose_ago is not None:
         journal = Journal(tmp_path / "journal.db")
         journal.open()
@@ -882,7 +885,11 @@ async def test_a_vend_left_in_flight_with_no_charge_id_is_told_before_a_person_d
 
     assert event.state is SaleState.ATTENTION, event.message
     steps = [s.step for s in agent.journal.steps("crashed1")]
-    assert steps[-2:] == [Step.LATE_VEND, Step.RECOVERY_ERROR], steps
+    # recovery's last two steps (the attention sweep, on the same clock, may end the sale
+    # after them: reporting shows no charge under its order id)
+    error = steps.index(Step.RECOVERY_ERROR)
+    assert steps[error - 1:error + 1] == [Step.LATE_VEND, Step.RECOVERY_ERROR], steps
+    assert steps.count(Step.LATE_VEND) == 1, steps
     noted = late_vended(agent.journal)["crashed1"]
     assert (noted.product, noted.cents) == ("B1", 300)
     assert agent.sales.late_vends.counts() == (0, 1)
