@@ -134,13 +134,28 @@ async def read_when_ready(fd: int) -> bytes:
 
 
 async def _line_trips(fd: int, count: int) -> list[float]:
+    """The child's end of the floor's line, read as the controller reads the agent's answers:
+    one reader kept on the descriptor for the whole series, waking the trip's wait."""
     os.set_blocking(fd, False)
+    loop = asyncio.get_running_loop()
+    answered: asyncio.Future[None] | None = None
+
+    def read() -> None:
+        os.read(fd, 4096)
+        if answered is not None and not answered.done():
+            answered.set_result(None)
+
     seconds = []
-    for _ in range(count):
-        started = time.monotonic()
-        os.write(fd, VEND_REQUEST)
-        await read_when_ready(fd)
-        seconds.append(time.monotonic() - started)
+    loop.add_reader(fd, read)
+    try:
+        for _ in range(count):
+            answered = loop.create_future()
+            started = time.monotonic()
+            os.write(fd, VEND_REQUEST)
+            await answered
+            seconds.append(time.monotonic() - started)
+    finally:
+        loop.remove_reader(fd)
     return seconds
 
 
