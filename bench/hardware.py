@@ -48,9 +48,12 @@ journal, the mdb platform talking to the virtual vending machine controller over
    an existing sale's state (``bench/agent.py``'s ``journal_commit_times``, on a fresh journal
    each block: 5 pages, among them the steps' index and ``sqlite_sequence``), which creates no
    sale and moves no state as a sale's first three do; the direct calls used another terminal,
-   $2.50 always and a new client each block (its first call opening the connection and the
-   cable), and the line was 11 bytes each way. That figure is still printed each run, over the
-   same sales and blocks: ``latency_ratio_above_update_floor``.
+   $2.50 always, a new client each block (its first call opening the connection and the cable)
+   and the same six order ids in every block, so that from the second block on each charge was
+   the simulator's idempotent replay of the first (no authorization made, no ledger row), where
+   every sale's is a new one; and the line was 11 bytes each way. That floor's commits are still
+   timed and its figure printed each run, over the same sales and blocks, with the direct calls
+   and the line as now: ``latency_ratio_above_update_floor``.
    Then the same back-to-back customers with the service slow on the capture alone (``--slow-
    capture-ms``, a simulator fault): ``slow_capture_ratio`` is their p50 over the first one's, 1
    when the next customer does not wait for the last one's capture.
