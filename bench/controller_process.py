@@ -31,10 +31,12 @@ import tty
 from dataclasses import dataclass
 from typing import Any
 
+from kiosk_agent.platforms import mdb_protocol as wire
 from kiosk_agent.sim.machine import ControllerOptions, VirtualController
 
-_REQUEST = b"VEND,250,1\n"
-_ANSWER = b"C,VEND,250\n"
+# the floor's line: the controller's vend request and the agent's approve, as the wire has them
+VEND_REQUEST = (wire.vend_request_line(250, "A2") + "\n").encode()  # 22 bytes
+VEND_APPROVE = (wire.approve_vend(250) + "\n").encode()  # 12 bytes
 
 
 @dataclass(slots=True)
@@ -85,7 +87,7 @@ class ControllerProcess:
             buffer.extend(os.read(self._line_adapter, 64))
             if buffer.endswith(b"\n"):
                 buffer.clear()
-                os.write(self._line_adapter, _ANSWER)
+                os.write(self._line_adapter, VEND_APPROVE)
 
         loop.add_reader(self._line_adapter, answer)
         try:
@@ -132,13 +134,28 @@ async def read_when_ready(fd: int) -> bytes:
 
 
 async def _line_trips(fd: int, count: int) -> list[float]:
+    """The child's end of the floor's line, read as the controller reads the agent's answers:
+    one reader kept on the descriptor for the whole series, waking the trip's wait."""
     os.set_blocking(fd, False)
+    loop = asyncio.get_running_loop()
+    answered: asyncio.Future[None] | None = None
+
+    def read() -> None:
+        os.read(fd, 4096)
+        if answered is not None and not answered.done():
+            answered.set_result(None)
+
     seconds = []
-    for _ in range(count):
-        started = time.monotonic()
-        os.write(fd, _REQUEST)
-        await read_when_ready(fd)
-        seconds.append(time.monotonic() - started)
+    loop.add_reader(fd, read)
+    try:
+        for _ in range(count):
+            answered = loop.create_future()
+            started = time.monotonic()
+            os.write(fd, VEND_REQUEST)
+            await answered
+            seconds.append(time.monotonic() - started)
+    finally:
+        loop.remove_reader(fd)
     return seconds
 
 

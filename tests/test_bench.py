@@ -513,3 +513,106 @@ async def test_a_pairs_agents_run_as_their_systemd_unit_runs_them(tmp_path: Path
     wanted = unit_environment()
     assert {"MALLOC_ARENA_MAX", "GLIBC_TUNABLES", "PYTHONOPTIMIZE"} <= set(wanted)
     assert {name: variables.get(name) for name in wanted} == wanted
+
+
+def _commits(statements: list[str]) -> list[list[str]]:
+    """The tables each fsynced commit of a trace wrote, in order (a commit made at
+    ``synchronous=NORMAL``, the card read's accepted step, left out: it waits for no fsync)."""
+    commits: list[list[str]] = []
+    tables: list[str] = []
+    unsynced = False
+    for sql in statements:
+        if sql == "PRAGMA synchronous=NORMAL":
+            unsynced = True
+        elif sql == "PRAGMA synchronous=FULL":
+            unsynced = False
+        elif sql.startswith("BEGIN"):
+            tables = []
+        elif sql == "COMMIT":
+            if not unsynced:
+                commits.append(tables)
+        elif found := re.match(r"(?:INSERT INTO|UPDATE) (\w+)", sql):
+            tables.append(found.group(1))
+    return commits
+
+
+async def test_the_hardware_benchs_floor_commits_are_a_sales_own_three(tmp_path: Path) -> None:
+    """bench/hardware.py's floor commits the steps an authorize_capture sale journals before
+    its approve, in the agent's three fsynced commits and through its Journal, on a journal
+    without what no write-ahead commit needs (the agent's read indexes, the order id's
+    uniqueness, AUTOINCREMENT) and without the send's anchors beside the sale: a step or a
+    commit more in the agent's window shows here, and the floor must follow it or say why."""
+    from types import SimpleNamespace
+
+    from kiosk_agent.sales.authorize_capture import AuthorizeCaptureFlow
+    from kiosk_agent.sales.journal import SaleRecord
+    from kiosk_agent.sales.model import Flow, SaleRequest
+    from kiosk_agent.sales.states import SaleState, Step
+    from kiosk_agent.service.models import ChargeResult
+
+    steps, hardware = _bench_module("sale_steps"), _bench_module("hardware")
+    (tmp_path / "agent").mkdir()
+    context, journal = steps.make_context(tmp_path / "agent")
+    agents: list[str] = []
+    try:  # the flow's own calls, in sell()'s order, up to the approve
+        record = SaleRecord(
+            sale_id="s1", order_id="O1", source="mdb:bench", flow=Flow.AUTHORIZE_CAPTURE.value,
+            terminal="SIM-0001", amount_cents=250, state=SaleState.STARTED, product="A2",
+        )  # fmt: skip
+        request = SaleRequest(source="mdb:bench", flow=Flow.AUTHORIZE_CAPTURE, amount_cents=250)
+        flow = AuthorizeCaptureFlow(record, request, dispenser=None, context=context)  # type: ignore[arg-type]
+        journal.db.set_trace_callback(agents.append)
+        flow.open({"source": "mdb:bench", "product": "A2"})
+        flow.step(Step.READ_CARD_ACCEPTED, interaction_id="I1", interaction_kind="read_card")
+        with flow.one_commit():
+            flow.card_read(SimpleNamespace(card_brand_id=1, last_four="0034"))
+            flow.step(Step.AUTHORIZE_REQUEST, SaleState.AUTHORIZING, "authorizing $2.50",
+                      detail={"order_id": "O1", "amount_cents": 250}, **flow.sending())
+        flow.approved_for_vend(
+            Step.AUTHORIZE_APPROVED, ChargeResult(result="A", trans_id="T1", amount=250), "vend"
+        )
+        journal.db.set_trace_callback(None)
+        agent_steps = [tuple(row) for row in journal.db.execute(
+            "SELECT step, state FROM steps WHERE sale_id = 's1' ORDER BY id")]
+    finally:
+        journal.close()
+    commits = hardware.SaleCommits(tmp_path / "floor.db")
+    floors: list[str] = []
+    try:
+        commits.journal.db.set_trace_callback(floors.append)
+        figures = commits.times(2)
+        commits.journal.db.set_trace_callback(None)
+        db = commits.journal.db
+        [sale_id] = db.execute("SELECT sale_id FROM sales ORDER BY rowid LIMIT 1").fetchone()
+        floor_steps = [tuple(row) for row in db.execute(
+            "SELECT step, state FROM steps WHERE sale_id = ? ORDER BY id", (sale_id,))]
+        indexes = {row[0] for row in db.execute(
+            "SELECT name FROM sqlite_schema WHERE type = 'index' AND sql IS NOT NULL")}
+        schema = " ".join(row[0] for row in db.execute(
+            "SELECT sql FROM sqlite_schema WHERE name IN ('sales', 'steps')"))
+    finally:
+        commits.close()
+    assert _commits(agents) == [["sales", "steps"], ["sales", "sale_sends", "steps"],
+                                ["sales", "steps"]]
+    # a sale's end is two more fsynced commits, written untimed
+    assert _commits(floors)[:3] == [["sales", "steps"]] * 3
+    assert len(_commits(floors)) == 2 * 5
+    accepted = ("read_card.accepted", "reading_card")
+    assert accepted in agent_steps
+    assert floor_steps[:6] == [s for s in agent_steps if s != accepted]
+    assert floor_steps[6:] == [("capture.request", "capturing"), ("completed", "completed")]
+    assert indexes.isdisjoint(hardware.NOT_THE_PROMISES_INDEXES)
+    assert "UNIQUE" not in schema
+    assert "AUTOINCREMENT" not in schema
+    # the pages each commit wrote: each table and the sales' key a leaf of its own here
+    assert [figures[f"{key}_frames"] for key in hardware.FLOOR_COMMITS] == [[3, 3], [2, 2], [2, 2]]
+    assert all(len(figures[key]) == 2 and min(figures[key]) > 0 for key in hardware.FLOOR_COMMITS)
+
+
+def test_the_hardware_benchs_floor_line_is_the_controllers_request_and_the_agents_approve() -> None:
+    from kiosk_agent.platforms import mdb_protocol as wire
+
+    bench = _bench_module("controller_process")
+    request = wire.parse_adapter_line(bench.VEND_REQUEST.decode())
+    assert request == wire.VendRequested(250, "A2")
+    assert bench.VEND_APPROVE.decode() == wire.approve_vend(250) + "\n"
