@@ -42,6 +42,7 @@ from kiosk_agent.sales.model import (
 from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.sales.steps import SaleContext, SaleSteps, event_of
 from kiosk_agent.sales.unit import OwnUnit
+from kiosk_agent.tasks import EagerStart
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -367,10 +368,15 @@ class SaleRunner:
         self._holding[device] = flow
         if not request.chosen_at_machine:  # a vend request: the customer waits from now on
             flow.customer_waits()
-        task = asyncio.create_task(self._run(device, flow), name=f"sale-{sale_id}")
-        sale = Sale(sale_id, order_id, device, task)
+        # The sale's task runs its first step here, in this turn, once the runner keeps it: the
+        # flow's first request (the read-card's) is handed to the HTTP client before start
+        # returns, and on the wire a turn later; a task's first step a turn later took one more
+        # turn of the customer's wait, behind whatever the loop had queued meanwhile.
+        starting = EagerStart(self._run(device, flow), name=f"sale-{sale_id}")
+        sale = Sale(sale_id, order_id, device, starting.task)
         self._live[sale_id] = (flow, sale)
         flow.on_release = lambda: self._release(device, sale_id)
+        starting.first_step()
         return sale
 
     def _release(self, device: str, sale_id: str) -> None:
