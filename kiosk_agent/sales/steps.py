@@ -366,8 +366,13 @@ class SaleSteps:
         sale's published meanwhile after them (in order); joining events already waiting, they
         go when those go."""
         if self._next_turn is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # the steps alone (bench/sale_steps.py): nothing sent meanwhile
+                for event in events:
+                    self.events.publish(event)
+                return
             self._next_turn = []
-            loop = asyncio.get_running_loop()
             if turns == 1:
                 loop.call_soon(self._publish_waiting)
             else:  # a turn's hop first: what is queued in this turn (a body writer) goes before
