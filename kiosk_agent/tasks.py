@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+from asyncio import tasks as _asyncio_tasks
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -182,6 +184,108 @@ class FirstStep(Generic[T]):
                 except StopIteration as ended:
                     self.done, self._result = True, ended.value
         return self.result()
+
+
+class EagerStart(Generic[T]):
+    """A task made now whose first step its maker runs by hand (:meth:`first_step`), in the
+    maker's own turn of the event loop, as the task: ``asyncio.current_task()`` is the task
+    there, as ``asyncio.timeout`` and aiohttp's timers need (``FirstStep`` runs in the caller's
+    task, or in none). A task made by ``create_task`` runs its first step a loop turn later,
+    after whatever the loop queued meanwhile; Python 3.12's ``eager_start`` runs it inside the
+    making, before the maker has said where the task is kept. Here the maker keeps the task
+    first, then runs the step; the task's first scheduled step takes over where it waits.
+
+    A cancel that comes before that scheduled step reaches the work where it waits (what it
+    waits on is cancelled, as a task's cancel does); an error of the first step is the task's,
+    raised where it is awaited. The step runs in the task's own copy of the context."""
+
+    __slots__ = ("_context", "_resumed", "task")
+
+    def __init__(self, work: Coroutine[Any, Any, T], name: str | None = None) -> None:
+        self._resumed = _Resumed(work)
+        self._context = contextvars.copy_context()
+        loop = asyncio.get_running_loop()
+        self.task: asyncio.Task[T] = loop.create_task(
+            self._resumed, name=name, context=self._context
+        )
+
+    def first_step(self) -> None:
+        """Run the work to its first wait now, as its task (once; the maker's caller's task,
+        if any, is current again after it)."""
+        loop = self.task.get_loop()
+        caller = asyncio.current_task(loop)
+        if caller is not None:
+            _asyncio_tasks._leave_task(loop, caller)
+        _asyncio_tasks._enter_task(loop, self.task)
+        try:
+            self._context.run(self._resumed.step_first)
+        finally:
+            _asyncio_tasks._leave_task(loop, self.task)
+            if caller is not None:
+                _asyncio_tasks._enter_task(loop, caller)
+
+
+_WAITS, _RETURNED, _RAISED = 0, 1, 2
+
+
+class _Resumed(Coroutine[Any, Any, T]):
+    """An :class:`EagerStart` task's coroutine: the work, its first step maybe run already.
+    The task's first send then gets what that step ended on (the future the work waits on,
+    its return, its error); every later send and throw is the work's own."""
+
+    def __init__(self, work: Coroutine[Any, Any, T]) -> None:
+        self._work = work
+        self._first: tuple[int, Any] | None = None  # what the hand-run first step ended on
+        # the work's name, as a coroutine has it (a task factory, the task's repr read it)
+        self.__qualname__ = getattr(work, "__qualname__", type(work).__qualname__)
+
+    def __repr__(self) -> str:
+        return repr(self._work)
+
+    def step_first(self) -> None:
+        if self._first is not None:
+            raise RuntimeError("the first step has run")
+        try:
+            self._first = (_WAITS, self._work.send(None))
+        except StopIteration as ended:
+            self._first = (_RETURNED, ended.value)
+        except (Exception, asyncio.CancelledError) as err:  # noqa: BLE001 - the task's, as awaited
+            self._first = (_RAISED, err)
+        except BaseException as err:  # KeyboardInterrupt, SystemExit: the task's and now
+            self._first = (_RAISED, err)
+            raise
+
+    def send(self, value: Any) -> Any:
+        first, self._first = self._first, None
+        if first is None:  # not run by hand (or run and taken over): the work's own
+            return self._work.send(value)
+        kind, what = first
+        if kind == _WAITS:
+            return what
+        if kind == _RETURNED:
+            raise StopIteration(what)
+        raise what
+
+    def throw(self, kind: Any, value: Any = None, traceback: Any = None) -> Any:
+        first, self._first = self._first, None
+        if first is not None and first[0] == _WAITS:
+            waiting_on = first[1]
+            if isinstance(waiting_on, asyncio.Future) and not waiting_on.done():
+                waiting_on.cancel()  # as a cancel of a task waiting on it would
+        elif first is not None:  # the work ended in its first step: a cancel finds it ended
+            if first[0] == _RETURNED:
+                raise StopIteration(first[1])
+            raise first[1]
+        if value is None and traceback is None:
+            return self._work.throw(kind)
+        return self._work.throw(kind, value, traceback)
+
+    def close(self) -> None:
+        self._first = None
+        self._work.close()
+
+    def __await__(self) -> Generator[Any, None, T]:
+        raise TypeError("an EagerStart's coroutine is its task's alone")
 
 
 class BackgroundTask:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 from kiosk_agent.sales.clock import FakeClock
 from kiosk_agent.tasks import (
     BackgroundTask,
+    EagerStart,
     FirstStep,
     TaskSet,
     cancel_and_wait,
@@ -385,3 +387,98 @@ async def test_a_cancel_of_whoever_awaits_a_first_step_reaches_the_work() -> Non
 
 async def _awaited_none(step: FirstStep[None]) -> None:
     await step
+
+
+_SALE: contextvars.ContextVar[str] = contextvars.ContextVar("sale", default="none")
+
+
+def _eager_from_a_callback(work: Any, made: list[EagerStart[Any]], seen: list[Any]) -> None:
+    """What a line's callback does (no task current): keep the task, then run its first step."""
+    starting = EagerStart(work, name="sale-1")
+    made.append(starting)
+    seen.append(asyncio.current_task())  # nobody's before the step
+    starting.first_step()
+    seen.append(asyncio.current_task())  # and after it
+
+
+async def test_an_eager_start_runs_the_first_step_in_the_makers_turn_as_the_task() -> None:
+    # the sale's first step, up to its read-card request, in the turn that read the customer's
+    # line: asyncio.timeout and aiohttp's timers ask for the current task, which is the sale's
+    ran: list[Any] = []
+    go = asyncio.Event()
+
+    async def sale() -> str:
+        ran.append(asyncio.current_task())
+        _SALE.set("mine")
+        async with asyncio.timeout(10):  # needs the task: raises outside one
+            await go.wait()
+        ran.append(_SALE.get())
+        return "completed"
+
+    made: list[EagerStart[str]] = []
+    seen: list[Any] = []
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    loop.call_soon(lambda: (_eager_from_a_callback(sale(), made, seen), done.set_result(None)))
+    await done  # the callback's turn is over: no loop turn has run the task yet
+    [starting] = made
+    assert ran == [starting.task]  # the first step ran, as the task, in the callback
+    assert seen == [None, None]
+    assert _SALE.get() == "none"  # the task's own context, not the maker's
+    go.set()
+    assert await starting.task == "completed"
+    assert ran == [starting.task, "mine"]
+
+
+async def test_an_eager_start_from_a_task_leaves_that_task_current_after_the_step() -> None:
+    caller = asyncio.current_task()
+    inside: list[Any] = []
+
+    async def work() -> int:
+        inside.append(asyncio.current_task())
+        await asyncio.sleep(0)
+        return 3
+
+    starting = EagerStart(work())
+    starting.first_step()
+    assert inside == [starting.task]
+    assert asyncio.current_task() is caller
+    assert await starting.task == 3
+
+
+async def test_an_eager_starts_first_step_that_ends_or_fails_is_the_tasks_end() -> None:
+    async def ends() -> str:
+        return "refused at once"
+
+    async def fails() -> str:
+        raise ValueError("no terminal")
+
+    ended, failed = EagerStart(ends()), EagerStart(fails())
+    ended.first_step()
+    failed.first_step()  # not raised here: the maker's turn goes on
+    assert await ended.task == "refused at once"
+    with pytest.raises(ValueError, match="no terminal"):
+        await failed.task
+
+
+async def test_a_cancel_before_an_eager_tasks_scheduled_step_reaches_the_work_where_it_waits() -> (
+    None
+):
+    cleaned: list[str] = []
+    waited_on: list[asyncio.Future[None]] = []
+
+    async def waits() -> None:
+        fut = asyncio.get_running_loop().create_future()
+        waited_on.append(fut)
+        try:
+            await fut
+        finally:
+            cleaned.append("cleaned")
+
+    starting = EagerStart(waits())
+    starting.first_step()
+    starting.task.cancel()  # before the loop ran the task's first scheduled step
+    with pytest.raises(asyncio.CancelledError):
+        await starting.task
+    assert cleaned == ["cleaned"]
+    assert waited_on[0].cancelled()  # what it waited on is cancelled, as a task's cancel does

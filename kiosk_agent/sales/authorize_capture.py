@@ -36,8 +36,9 @@ class AuthorizeCaptureFlow(SaleFlow):
         amount = self.record.amount_cents
         result: ChargeResult | None = None
         for attempt in range(1, self.settings.retries + 2):
-            # what leads to the authorization and its intent: one commit, before it is sent
-            with self.one_commit():
+            # what leads to the authorization and its intent: one commit, before it is sent;
+            # published once its request is on the wire (the page is a turn behind the journal)
+            with self.one_commit(announce_after_send=True):
                 if attempt == 1:
                     self.card_read(card)
                 else:

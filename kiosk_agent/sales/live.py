@@ -84,9 +84,10 @@ class SaleFlow(SaleSteps):
         Nothing happens between the two that the journal must hold first: the step's call is
         made once the flow runs, after the commit. A crash before the commit leaves no sale, as
         a crash just before the sale was created did (no call was made, nobody was told its id:
-        the kiosk API answers 202 after this).
+        the kiosk API answers 202 after this). Both are published once that call's request is
+        on the wire (the runner runs the flow's first step in this turn, to that request).
         """
-        with self.one_commit():
+        with self.one_commit(announce_after_send=True):
             self.record = self.journal.create(self.record, detail)
             self._announce(Step.CREATED)
             self.opening()

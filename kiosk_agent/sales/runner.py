@@ -44,6 +44,7 @@ from kiosk_agent.sales.model import (
 from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.sales.steps import SaleContext, SaleSteps, event_of
 from kiosk_agent.sales.unit import OwnUnit
+from kiosk_agent.tasks import EagerStart
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -232,6 +233,9 @@ class SaleRunner:
         # platforms whose machine starts anew with each agent (``virtual``): nothing of a vend
         # the last run left can be heard after a restart
         self._machine_starts_anew: set[str] = set()
+        # the next sale's ids, made when a sale lets its terminal go (after its machine was
+        # answered), for the unit (id, tag key) they were made for: not in a customer's window
+        self._ids_ahead: tuple[str, str, str, str] | None = None
 
     def left_dispensing(self, source: str) -> list[tuple[str, str | None]]:
         """The sales of trigger ``source`` left dispensing by the last stop or crash (recovery
@@ -416,7 +420,7 @@ class SaleRunner:
                              f" chosen price is captured), got {request.flow.value}")
         if not self.context.unit.confirmed:  # platforms step aside first (availability)
             raise TerminalBusy(device, self.context.unit.refusal())
-        sale_id, order_id = new_ids(self.context.unit)
+        sale_id, order_id = self._new_ids()
         record = SaleRecord(
             sale_id=sale_id,
             order_id=order_id,
@@ -438,11 +442,33 @@ class SaleRunner:
         self._holding[device] = flow
         if not request.chosen_at_machine:  # a vend request: the customer waits from now on
             flow.customer_waits()
-        task = asyncio.create_task(self._run(device, flow), name=f"sale-{sale_id}")
-        sale = Sale(sale_id, order_id, device, task)
+        # The sale's task runs its first step here, in this turn, once the runner keeps it: the
+        # flow's first request (the read-card's) is handed to the HTTP client before start
+        # returns, and on the wire a turn later; a task's first step a turn later took one more
+        # turn of the customer's wait, behind whatever the loop had queued meanwhile.
+        starting = EagerStart(self._run(device, flow), name=f"sale-{sale_id}")
+        sale = Sale(sale_id, order_id, device, starting.task)
         self._live[sale_id] = (flow, sale)
         flow.on_release = lambda: self._release(device, sale_id)
+        starting.first_step()
         return sale
+
+    def _new_ids(self) -> tuple[str, str]:
+        """A new sale's ids: those made ahead, if made for the unit as it is now (an adoption
+        changes it in place), else made now (``new_ids``)."""
+        unit, ahead = self.context.unit, self._ids_ahead
+        self._ids_ahead = None
+        if ahead is not None and ahead[0] == unit.id and ahead[1] == unit.key:
+            return ahead[2], ahead[3]
+        return new_ids(unit)
+
+    def _make_ids_ahead(self) -> None:
+        """The next sale's ids, made while nobody waits on them: a uuid, the order id's keyed
+        tag and the log's card-number check were some 0.06 ms of the vend request's turn."""
+        unit = self.context.unit
+        if self._ids_ahead is None and unit.confirmed and not self._stopping:
+            sale_id, order_id = new_ids(unit)
+            self._ids_ahead = (unit.id, unit.key, sale_id, order_id)
 
     def _release(self, device: str, sale_id: str) -> None:
         """The sale needs its terminal no more: the next sale may start on it."""
@@ -455,6 +481,7 @@ class SaleRunner:
             if not self._holding:
                 self._no_terminal_held()
         sale._released()
+        self._make_ids_ahead()  # its machine is answered: the next customer's, before they come
 
     def when_no_terminal_held(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once no sale holds a terminal (at once if none does), in the call

@@ -296,15 +296,20 @@ class SaleSteps:
         else:
             self.publish_event(event)
 
-    def one_commit(self, *, announce_next_turn: bool = False) -> _OneCommit:
+    def one_commit(
+        self, *, announce_next_turn: bool = False, announce_after_send: bool = False
+    ) -> _OneCommit:
         """The steps inside are journaled in one commit (``Journal.batch``: synchronous code
         only), then published; for steps with nothing between them the journal must hold first.
 
         ``announce_next_turn``: published at the event loop's next turn instead, so that what
         the caller does next in this turn (the vend's line to the machine) goes first: the
         bus's listeners (health, metrics, Home Assistant, the streams) are nobody's wait.
+        ``announce_after_send``: published two turns later, so that the request the caller
+        hands the HTTP client next in this turn is on the wire first (aiohttp writes a body in a
+        task of its own, a turn after it is handed over, on Python 3.11).
         """
-        return _OneCommit(self, announce_next_turn)
+        return _OneCommit(self, 2 if announce_after_send else 1 if announce_next_turn else 0)
 
     async def step_fsync_shared(
         self,
@@ -390,10 +395,22 @@ class SaleSteps:
         self._publish_next_turn(held)
         return written
 
-    def _publish_next_turn(self, events: list[SaleEvent]) -> None:
+    def _publish_next_turn(self, events: list[SaleEvent], turns: int = 1) -> None:
+        """``events`` published ``turns`` (1 or 2) turns of the loop from now, with any of the
+        sale's published meanwhile after them (in order); joining events already waiting, they
+        go when those go."""
         if self._next_turn is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # the steps alone (bench/sale_steps.py): nothing sent meanwhile
+                for event in events:
+                    self.events.publish(event)
+                return
             self._next_turn = []
-            asyncio.get_running_loop().call_soon(self._publish_waiting)
+            if turns == 1:
+                loop.call_soon(self._publish_waiting)
+            else:  # a turn's hop first: what is queued in this turn (a body writer) goes before
+                loop.call_soon(loop.call_soon, self._publish_waiting)
         self._next_turn.extend(events)
 
     def _publish_waiting(self) -> None:
@@ -1098,11 +1115,11 @@ class _OneCommit:
     manager (contextlib's helper, its ``__enter__`` and ``__exit__`` and two generator
     resumptions around each of the vend window's three commits)."""
 
-    __slots__ = ("_batch", "_before", "_next_turn", "_steps")
+    __slots__ = ("_batch", "_before", "_steps", "_turns")
 
-    def __init__(self, steps: SaleSteps, announce_next_turn: bool) -> None:
+    def __init__(self, steps: SaleSteps, turns: int) -> None:
         self._steps = steps
-        self._next_turn = announce_next_turn
+        self._turns = turns  # 0: published at the commit; 1 or 2: that many turns later
 
     def __enter__(self) -> None:
         steps = self._steps
@@ -1129,8 +1146,8 @@ class _OneCommit:
         steps = self._steps
         held = steps._held or []
         steps._held, steps._batch = None, None
-        if self._next_turn:
-            steps._publish_next_turn(held)
+        if self._turns:
+            steps._publish_next_turn(held, self._turns)
             return
         for event in held:
             steps.publish_event(event)

@@ -349,8 +349,10 @@ async def test_a_vend_requests_sale_is_journaled_and_running_in_the_turn_its_lin
     tmp_path: Path, sim_settings: Any, controller: VirtualController
 ) -> None:
     # vend request -> approve: the customer's sale is journaled with its read-card request and
-    # its task made in the callback that read the request's line, and no other task: a task of
-    # the line's own before it took a loop turn of the customer's wait, and the platform's task
+    # its task made in the callback that read the request's line, its first step run there to
+    # the read-card's request (aiohttp's body writer made: the request is on the wire at the
+    # next turn), and no other task: a task of the line's own before it took a loop turn of the
+    # customer's wait, so did the sale task's first step a turn later, and the platform's task
     # that follows the sale is made at its release, after the machine is answered
     trigger = {"platform": "mdb", "name": "front", "port": controller.port,
                "flow": "authorize_capture", "vend_timeout": 5}
@@ -391,7 +393,7 @@ async def test_a_vend_requests_sale_is_journaled_and_running_in_the_turn_its_lin
             link._on_line = real_on_line
         assert visit.outcome is VisitOutcome.VENDED
         assert at_its_line == [[("reading_card", "A2")]]
-        assert made == ["SaleRunner._run"]
+        assert made == ["SaleRunner._run", "ClientRequest.write_bytes"]
         # the platform still follows the sale to its end: the session is over, the sale done
         await until(lambda: platform.status()["session"] is None)
         await until_final(agent, agent.journal.query()[0].sale_id)

@@ -66,7 +66,11 @@ async def _sale_cancelled(
         return interaction
 
     async def read_card(device_id: str, amount: int) -> Any:
+        nonlocal sale_id
         if moment == "before the read is sent":
+            # the sale's first step, run inside start() (its id not returned yet)
+            [record] = agent.sales.running
+            sale_id = record.sale_id
             await cancel_sale()
         handle = await real_read(device_id, amount)
         if moment in ("after its accepted step", "twice"):

@@ -1024,3 +1024,50 @@ async def test_a_customer_waits_from_their_request_until_the_machine_is_told(
     assert waiting_at["dispense.request"] == 0  # published after C,VEND
     assert machine.told == ([("C,START", 0)] if card_first else []) + [("C,VEND", 0)]
     assert agent.sales.context.customers.waiting() == 0
+
+
+@pytest.mark.parametrize(
+    ("flow", "published_after"),
+    [
+        (Flow.AUTHORIZE_CAPTURE, {
+            b"/read-card ": (Step.CREATED, Step.READ_CARD_REQUEST),
+            b"/api/v1/charge ": (Step.READ_CARD_DONE, Step.AUTHORIZE_REQUEST),
+        }),
+        (Flow.CHARGE_CARD, {b"/charge-card ": (Step.CREATED, Step.CHARGE_CARD_REQUEST)}),
+    ],
+    ids=["authorize_capture", "charge_card"],
+)
+async def test_the_steps_a_request_leads_from_are_published_once_it_is_on_the_wire(
+    agent: Agent, monkeypatch: pytest.MonkeyPatch, flow: Flow,
+    published_after: dict[bytes, tuple[Step, ...]],
+) -> None:
+    # The sale with its first request, and the card read with the authorization's: each commit
+    # before its request is sent; the bus's listeners (health, metrics, Home Assistant, the
+    # streams) hear them once that request's bytes are written, two turns later, not in the
+    # customer's wait before it. The journal holds them first either way.
+    import asyncio.selector_events as selector_events
+
+    seen: list[tuple[str, Any]] = []  # what happened, in order: a request written, a step heard
+    real_write = selector_events._SelectorSocketTransport.write
+
+    def write(transport: Any, data: Any) -> None:
+        head = bytes(data[:60])
+        for path in published_after:
+            if head.startswith(b"POST ") and path in head:
+                seen.append(("written", path))
+        real_write(transport, data)
+
+    monkeypatch.setattr(selector_events._SelectorSocketTransport, "write", write)
+    stop = agent.events.listen(lambda event: seen.append(("heard", event.step)))
+    try:
+        event = await sell(agent, 250, ScriptedDispenser(), flow=flow)
+    finally:
+        stop()
+    assert event.state is SaleState.COMPLETED
+    for path, steps in published_after.items():
+        written = seen.index(("written", path))
+        for step in steps:
+            assert seen.index(("heard", step)) > written, (path, step, seen)
+    # heard in the order the journal holds them, none lost or doubled
+    heard = [what for kind, what in seen if kind == "heard"]
+    assert heard == [s.step for s in agent.journal.steps(event.sale_id)]

@@ -509,3 +509,41 @@ async def test_work_that_waits_for_a_sales_release_runs_in_the_call_that_release
     assert "work that waited for its release failed" in caplog.text
     sale.when_released(lambda: heard.append(("late", True)))  # released already: at once
     assert heard[-1] == ("late", True)
+
+
+async def test_the_next_sales_ids_are_made_at_the_last_ones_release_not_in_the_vend_requests_turn(
+    agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a uuid, the order id's keyed tag and the log's card-number check: made when a sale lets
+    # its terminal go (its machine answered), for the next customer, not in the turn that reads
+    # that customer's vend request
+    from kiosk_agent.sales import runner
+
+    made: list[tuple[str, str]] = []
+    real_new_ids = runner.new_ids
+
+    def counted(unit: Any) -> tuple[str, str]:
+        made.append(real_new_ids(unit))
+        return made[-1]
+
+    monkeypatch.setattr(runner, "new_ids", counted)
+    first = await agent.sales.start(vend(), ScriptedDispenser())
+    assert [sale_id for sale_id, _ in made] == [first.sale_id]  # none were made ahead yet
+    await asyncio.wait_for(first.terminal_released(), WAIT_S)
+    assert len(made) == 2  # the next customer's, at the release
+    second = await agent.sales.start(vend(), ScriptedDispenser())
+    assert len(made) == 2  # its start made none
+    assert (second.sale_id, second.order_id) == made[1]
+    assert agent.sales.context.unit.made_here(second.order_id)
+    await asyncio.wait_for(first.result(), WAIT_S)
+    await asyncio.wait_for(second.result(), WAIT_S)
+    # an adoption changes the unit in place: ids made ahead for the unit it was are not used
+    unit = agent.sales.context.unit
+    assert len(made) == 3
+    monkeypatch.setattr(unit, "id", "ABCDEF0042")
+    third = await agent.sales.start(vend(), ScriptedDispenser())
+    assert len(made) == 4
+    assert third.sale_id != made[2][0]
+    assert third.order_id.startswith("KAABCDEF0042-")
+    assert unit.made_here(third.order_id)
+    await asyncio.wait_for(third.result(), WAIT_S)
