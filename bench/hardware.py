@@ -38,7 +38,8 @@ journal, the mdb platform talking to the virtual vending machine controller over
    the vend's request (before ``C,VEND``); docs/journal.md's table says each must be on disk
    before what its last step announces. What no write-ahead commit needs a page of is the
    agent's own, outside the floor: the journal's indexes for its reads and faces, the order
-   id's uniqueness and the steps' AUTOINCREMENT (dropped from the floor's journal), the send's
+   id's uniqueness (dropped from the floor's journal; the steps' AUTOINCREMENT too, until the
+   journal itself dropped it the same day), the send's
    anchors beside the sale (``answer_by``, ``sale_sends``: the request step's own time says
    when it was sent) and the card read's accepted step (unsynced, inside the card's wait): 3, 2
    and 2 WAL pages a commit, where the agent's write 8, 7 and 5. The direct calls are the
@@ -130,10 +131,10 @@ FLOOR_UNIT, FLOOR_KEY = "C0A2F8FBC1", "5a" * 16
 # makes itself, beside the tables' keys ...
 NOT_THE_PROMISES_INDEXES = ("sales_state_created", "sales_created", "sales_no_selection",
                             "steps_sale", "steps_late_vend")
-# ... and two parts of the tables' own definitions: the order id's uniqueness (an index of its
-# own in every new sale's commit) and the steps' AUTOINCREMENT (sqlite_sequence rewritten in
-# every commit of a step)
-NOT_THE_PROMISES_CLAUSES = {"sales": (" UNIQUE,", ","), "steps": (" AUTOINCREMENT,", ",")}
+# ... and a part of a table's own definition: the order id's uniqueness (an index of its own
+# in every new sale's commit). The steps' AUTOINCREMENT (sqlite_sequence rewritten in every
+# commit of a step) was dropped here too until the journal itself dropped it (i41-window-frames)
+NOT_THE_PROMISES_CLAUSES = {"sales": (" UNIQUE,", ",")}
 
 
 def percentile(values: list[float], q: float) -> float:
