@@ -130,10 +130,11 @@ FLOOR_UNIT, FLOOR_KEY = "C0A2F8FBC1", "5a" * 16
 # makes itself, beside the tables' keys ...
 NOT_THE_PROMISES_INDEXES = ("sales_state_created", "sales_created", "sales_no_selection",
                             "steps_sale", "steps_late_vend")
-# ... and two parts of the tables' own definitions: the order id's uniqueness (an index of its
-# own in every new sale's commit) and the steps' AUTOINCREMENT (sqlite_sequence rewritten in
-# every commit of a step)
-NOT_THE_PROMISES_CLAUSES = {"sales": (" UNIQUE,", ","), "steps": (" AUTOINCREMENT,", ",")}
+# ... and a part of the tables' own definitions: the order id's uniqueness (an index of its
+# own in every new sale's commit). The steps' AUTOINCREMENT (sqlite_sequence rewritten in every
+# commit of a step) was dropped here too until the journal's own schema dropped it (i41-window-
+# frames, merged 2026-11-30): the floor's journal now makes its steps as the agent's does
+NOT_THE_PROMISES_CLAUSES = {"sales": (" UNIQUE,", ",")}
 
 
 def percentile(values: list[float], q: float) -> float:
