@@ -290,6 +290,7 @@ async def latency_run(
         bare.end_sales()
         floors.append({
             "whole": [(seconds - card_s) * 1000 for seconds, _ in whole],
+            **{f"whole_{key}": times for key, times in bare.commit_times.items()},
             "direct": await bench_direct_service(service, max(5, sales // 4 // blocks), rng),
             **commits.times(max(10, 200 // blocks)),
             # the floor before 2026-11-30 (i41-window-floor): one commit of two steps that
@@ -311,7 +312,8 @@ async def latency_run(
         commits.close()
     latencies = [v for block in by_block for v in block]
     baseline = [v for part in floors for v in part["direct"]]
-    pooled = {key: [v for part in floors for v in part[key]] for key in floors[0]}
+    pooled = {key: [v for part in floors for v in part.get(key, [])]
+              for key in {key for part in floors for key in part}}
     direct = statistics.median(baseline)
     line_trip = statistics.median(pooled["line"]) * 1000
     own = {key: statistics.median(pooled[key]) * 1000 for key in FLOOR_COMMITS}
@@ -339,6 +341,11 @@ async def latency_run(
         **{f"floor_commit_{key}_frames_p50": statistics.median(pooled[f"{key}_frames"])
            for key in FLOOR_COMMITS},
         "pty_round_trip_p50_ms": round(line_trip, 3),
+        # the bare sales' own commits, made between their calls (the parts' are timed warm)
+        **{f"floor_whole_commit_{key}_p50_ms": round(statistics.median(pooled[f"whole_{key}"])
+                                                     * 1000, 3) for key in FLOOR_COMMITS},
+        **{f"floor_whole_commit_{key}_cpu_p50_ms": round(
+            statistics.median(pooled[f"whole_{key}_cpu"]) * 1000, 3) for key in FLOOR_COMMITS},
         "vend_answer_floor_ms": round(floor, 2),
         "vend_answer_floor_p99_ms": round(percentile(pooled["whole"], 99), 2),
         "latency_ratio_floor": round(floor / direct, 2),
@@ -532,6 +539,18 @@ class BareSale:
     def __init__(self, commits: SaleCommits, service: ServiceClient) -> None:
         self.journal, self.service = commits.journal, service
         self.open: list[SaleRecord] = []  # approved, their end not yet written
+        # each write-ahead commit's wall and thread CPU seconds, as made between the calls
+        self.commit_times: dict[str, list[float]] = {}
+
+    def _commit(self, name: str, sale: SaleRecord, trans_id: str | None = None) -> SaleRecord:
+        """One of :func:`_write_ahead`'s commits, fsynced, its wall and thread CPU kept."""
+        started, cpu = time.perf_counter(), time.thread_time()
+        with self.journal.batch():
+            sale = _write_ahead(self.journal, name, sale, trans_id)
+        ended, cpu = time.perf_counter(), time.thread_time() - cpu
+        self.commit_times.setdefault(name, []).append(ended - started)
+        self.commit_times.setdefault(f"{name}_cpu", []).append(cpu)
+        return sale
 
     async def sell(self, fields: list[bytes]) -> bytes:
         """``c,STATUS,VEND,<amount>,<product>`` split -> the answer line to write."""
@@ -544,14 +563,12 @@ class BareSale:
             source="mdb:bench", flow="authorize_capture", terminal=DEVICE, amount_cents=cents,
             state=SaleState.STARTED, product=fields[4].decode(),
         )  # fmt: skip
-        with journal.batch():
-            sale = _write_ahead(journal, "create", sale)
+        sale = self._commit("create", sale)
         handle = await service.terminal.read_card(DEVICE, cents)
         card = (await handle.wait(timeout=10)).read_card_result
         if card is None:
             raise RuntimeError("the simulator read no card")
-        with journal.batch():
-            sale = _write_ahead(journal, "state", sale)
+        sale = self._commit("state", sale)
         result = await service.payments.charge(ChargeRequest(
             amount=cents, account_token=card.token, expiration=card.expiration,
             capture=False, order_id=sale.order_id, terminal_id=DEVICE,
@@ -560,8 +577,7 @@ class BareSale:
             journal.record(sale, Step.AUTHORIZE_DECLINED, SaleState.DECLINED,
                            message=f"declined ({result.resp_text or 'C'})")
             return (wire.deny_vend() + "\n").encode()
-        with journal.batch():
-            sale = _write_ahead(journal, "approval", sale, result.trans_id)
+        sale = self._commit("approval", sale, result.trans_id)
         self.open.append(sale)
         return f"C,VEND,{amount}\n".encode()
 
@@ -794,7 +810,12 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
               f"write-ahead commits between the same calls) p50 "
               f"{figures['vend_answer_floor_ms']} ms, ratio {figures['latency_ratio_floor']} "
               f"(target 1.5); the agent's code adds {figures['latency_ratio_above_floor']} x "
-              f"that floor (target 1.25)")
+              f"that floor (target 1.25); its commits, wall / thread CPU ms p50: " + ", ".join(
+                  f"{key} {figures[f'floor_whole_commit_{key}_p50_ms']} / "
+                  f"{figures[f'floor_whole_commit_{key}_cpu_p50_ms']}" for key in FLOOR_COMMITS)
+              + " (timed warm apart: " + ", ".join(
+                  f"{figures[f'floor_commit_{key}_p50_ms']} / "
+                  f"{figures[f'floor_commit_{key}_cpu_p50_ms']}" for key in FLOOR_COMMITS) + ")")
         print(f"the floor as a sum of parts timed apart: the direct calls + a sale's "
               f"{COMMITS_BEFORE_APPROVE} write-ahead commits ({own}) + a line each way over a "
               f"bare pty ({figures['pty_round_trip_p50_ms']} ms) = "
