@@ -668,6 +668,7 @@ async def test_the_hardware_benchs_bare_sale_keeps_the_journals_promise_and_no_m
             bare.end_sales()
         timed = {key: len(times) for key, times in bare.commit_times.items() if min(times) > 0}
         db = commits.journal.db
+        [synchronous] = db.execute("PRAGMA synchronous").fetchone()
         sales = [tuple(row) for row in db.execute(
             "SELECT sale_id, amount_cents, product, state FROM sales ORDER BY rowid")]
         steps = {sale_id: [tuple(row) for row in db.execute(
@@ -679,7 +680,8 @@ async def test_the_hardware_benchs_bare_sale_keeps_the_journals_promise_and_no_m
         await sim.stop()
     assert [answer for _, answer in trips] == ["C,VEND,2.50", "C,STOP"]
     assert all(0 < seconds < 10 for seconds, _ in trips)
-    # each commit at synchronous=FULL (no PRAGMA lowers it), before what it announces
+    # each commit at synchronous=FULL (2; no PRAGMA lowers it), before what it announces
+    assert synchronous == 2
     assert events == [
         "line c,STATUS,VEND,2.50,A2", "COMMIT", "read_card", "COMMIT", "charge", "COMMIT",
         "answer C,VEND,2.50",
