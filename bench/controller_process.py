@@ -11,12 +11,17 @@ command over its stdin and answering one JSON line a command on its stdout:
     {"op": "wait_enabled"}           -> {}
     {"op": "customer", "product": P} -> {"outcome": ..., "requested_at": s, "answered_at": s}
     {"op": "line_trips", "count": N} -> {"seconds": [...]}   (the floor's bare pty line)
+    {"op": "sale_trips", "requests": [[cents, product], ...]}
+                                     -> {"seconds": [...], "answers": [...]}  (the bare sales)
     {"op": "stop"}                   -> {}
 
 ``line_trips`` times the floor's one line each way over a bare pty across the same boundary: the
 child writes the vend request on its end (passed as ``--line-fd``) and waits for the answer, which
 the parent's event loop writes back on the other end as soon as it reads the request
-(:meth:`ControllerProcess.line_trips`). Times are the monotonic clock's, read in the child.
+(:meth:`ControllerProcess.line_trips`). ``sale_trips`` writes a vend request of each amount and
+product on the same line and reads the answer the parent's bare sale writes back
+(:meth:`ControllerProcess.bare_sales`; bench/hardware.py's whole floor). Times are the monotonic
+clock's, read in the child.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import os
 import sys
 import time
 import tty
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,6 +102,43 @@ class ControllerProcess:
             loop.remove_reader(self._line_adapter)
         return seconds
 
+    async def bare_sales(
+        self, requests: list[tuple[int, str]], sell: Callable[[list[bytes]], Awaitable[bytes]]
+    ) -> list[tuple[float, str]]:
+        """Each request's vend request line written by the child on the floor's line and read
+        here as the agent reads its pty (this loop's reader, a plain ``os.read``, the line split
+        on commas, no parser); ``sell`` is handed the split line, in a task of its own as the
+        agent's sale runs in one, and its answer written back. Each trip's seconds (request
+        written -> answer read, in the child) and the answer it read."""
+        loop = asyncio.get_running_loop()
+        buffer = bytearray()
+        sales: set[asyncio.Task[None]] = set()
+        failed: list[Exception] = []
+
+        async def serve(fields: list[bytes]) -> None:
+            try:
+                os.write(self._line_adapter, await sell(fields))
+            except Exception as exc:  # the child waits for an answer: raised once it has one
+                failed.append(exc)
+                os.write(self._line_adapter, b"failed\n")
+
+        def read() -> None:
+            buffer.extend(os.read(self._line_adapter, 64))
+            while (end := buffer.find(b"\n")) >= 0:
+                sale = loop.create_task(serve(bytes(buffer[:end]).split(b",")))
+                sales.add(sale)
+                sale.add_done_callback(sales.discard)
+                del buffer[: end + 1]
+
+        loop.add_reader(self._line_adapter, read)
+        try:
+            answer = await self._call("sale_trips", requests=requests)
+        finally:
+            loop.remove_reader(self._line_adapter)
+        if failed:
+            raise RuntimeError("a bare sale failed") from failed[0]
+        return list(zip(answer["seconds"], answer["answers"], strict=True))
+
     async def stop(self) -> None:
         try:
             if self._proc is not None and self._proc.returncode is None:
@@ -133,30 +176,34 @@ async def read_when_ready(fd: int) -> bytes:
     return os.read(fd, 64)
 
 
-async def _line_trips(fd: int, count: int) -> list[float]:
+async def _line_trips(fd: int, requests: list[bytes]) -> tuple[list[float], list[str]]:
     """The child's end of the floor's line, read as the controller reads the agent's answers:
-    one reader kept on the descriptor for the whole series, waking the trip's wait."""
+    one reader kept on the descriptor for the whole series, waking the trip's wait once a
+    whole answer line is in. Each request's seconds and the answer read."""
     os.set_blocking(fd, False)
     loop = asyncio.get_running_loop()
-    answered: asyncio.Future[None] | None = None
+    answered: asyncio.Future[str] | None = None
+    buffer = bytearray()
 
     def read() -> None:
-        os.read(fd, 4096)
-        if answered is not None and not answered.done():
-            answered.set_result(None)
+        buffer.extend(os.read(fd, 4096))
+        end = buffer.find(b"\n")
+        if end >= 0 and answered is not None and not answered.done():
+            answered.set_result(buffer[:end].decode())
+            del buffer[: end + 1]
 
-    seconds = []
+    seconds, answers = [], []
     loop.add_reader(fd, read)
     try:
-        for _ in range(count):
+        for request in requests:
             answered = loop.create_future()
             started = time.monotonic()
-            os.write(fd, VEND_REQUEST)
-            await answered
+            os.write(fd, request)
+            answers.append(await answered)
             seconds.append(time.monotonic() - started)
     finally:
         loop.remove_reader(fd)
-    return seconds
+    return seconds, answers
 
 
 async def _serve(line_fd: int, products: dict[str, int]) -> None:
@@ -181,7 +228,12 @@ async def _serve(line_fd: int, products: dict[str, int]) -> None:
                     requested_at=visit.requested_at, answered_at=visit.answered_at,
                 )  # fmt: skip
             elif op == "line_trips":
-                answer["seconds"] = await _line_trips(line_fd, command["count"])
+                requests = [VEND_REQUEST] * command["count"]
+                answer["seconds"], _ = await _line_trips(line_fd, requests)
+            elif op == "sale_trips":
+                requests = [(wire.vend_request_line(cents, product) + "\n").encode()
+                            for cents, product in command["requests"]]
+                answer["seconds"], answer["answers"] = await _line_trips(line_fd, requests)
             elif op == "stop":
                 await controller.stop()
                 print(json.dumps(answer), flush=True)

@@ -616,3 +616,86 @@ def test_the_hardware_benchs_floor_line_is_the_controllers_request_and_the_agent
     request = wire.parse_adapter_line(bench.VEND_REQUEST.decode())
     assert request == wire.VendRequested(250, "A2")
     assert bench.VEND_APPROVE.decode() == wire.approve_vend(250) + "\n"
+
+
+async def test_the_hardware_benchs_bare_sale_keeps_the_journals_promise_and_no_more(
+    tmp_path: Path,
+) -> None:
+    """bench/hardware.py's whole floor: a bare sale on the controller's vend request line, read
+    over the floor's pty from the controller's own process, journals a sale's steps through the
+    agent's Journal, each write-ahead commit fsynced before the call or the line it announces
+    (create -> read_card, the card read -> charge, the approval -> C,VEND; a decline's end ->
+    C,STOP), and makes no other commit, call or answer inside the window."""
+    from kiosk_agent.sim.server import SimOptions, SimServer
+
+    hardware = _bench_module("hardware")
+    controller_process = _bench_module("controller_process")
+    sim = SimServer(SimOptions(port=0, time_scale=hardware.TIME_SCALE, rate_limit="100000/1"))
+    await sim.start()
+    commits = hardware.SaleCommits(tmp_path / "floor.db")
+    controller = controller_process.ControllerProcess(hardware.PRODUCTS)
+    events: list[str] = []
+    try:
+        await controller.start()
+        async with hardware.ServiceClient(hardware.settings_for(sim)) as service:
+            terminal, payments = service.terminal, service.payments
+            read_card, charge = terminal.read_card, payments.charge
+
+            async def recorded_read_card(*args: Any, **kwargs: Any) -> Any:
+                events.append("read_card")
+                return await read_card(*args, **kwargs)
+
+            async def recorded_charge(*args: Any, **kwargs: Any) -> Any:
+                events.append("charge")
+                return await charge(*args, **kwargs)
+
+            terminal.read_card, payments.charge = recorded_read_card, recorded_charge
+            bare = hardware.BareSale(commits, service)
+
+            async def sell(fields: list[bytes]) -> bytes:
+                events.append("line " + b",".join(fields).decode())
+                answer: bytes = await bare.sell(fields)
+                events.append("answer " + answer.decode().strip())
+                return answer
+
+            def traced(sql: str) -> None:
+                if sql == "COMMIT" or sql.startswith("PRAGMA synchronous"):
+                    events.append(sql)
+
+            commits.journal.db.set_trace_callback(traced)
+            trips = await controller.bare_sales([(250, "A2"), (102, "D2")], sell)
+            commits.journal.db.set_trace_callback(None)
+            bare.end_sales()
+        timed = {key: len(times) for key, times in bare.commit_times.items() if min(times) > 0}
+        db = commits.journal.db
+        [synchronous] = db.execute("PRAGMA synchronous").fetchone()
+        sales = [tuple(row) for row in db.execute(
+            "SELECT sale_id, amount_cents, product, state FROM sales ORDER BY rowid")]
+        steps = {sale_id: [tuple(row) for row in db.execute(
+            "SELECT step, state FROM steps WHERE sale_id = ? ORDER BY id", (sale_id,))]
+            for sale_id, *_ in sales}
+    finally:
+        commits.close()
+        await controller.stop()
+        await sim.stop()
+    assert [answer for _, answer in trips] == ["C,VEND,2.50", "C,STOP"]
+    assert all(0 < seconds < 10 for seconds, _ in trips)
+    # each commit at synchronous=FULL (2; no PRAGMA lowers it), before what it announces
+    assert synchronous == 2
+    assert events == [
+        "line c,STATUS,VEND,2.50,A2", "COMMIT", "read_card", "COMMIT", "charge", "COMMIT",
+        "answer C,VEND,2.50",
+        "line c,STATUS,VEND,1.02,D2", "COMMIT", "read_card", "COMMIT", "charge", "COMMIT",
+        "answer C,STOP",
+    ]  # fmt: skip
+    assert [row[1:] for row in sales] == [(250, "A2", "completed"), (102, "D2", "declined")]
+    approved, declined = (steps[row[0]] for row in sales)
+    window = [("created", "started"), ("read_card.request", "reading_card"),
+              ("read_card.done", "reading_card"), ("authorize.request", "authorizing")]
+    assert approved == [*window, ("authorize.approved", "authorizing"),
+                        ("dispense.request", "dispensing"), ("capture.request", "capturing"),
+                        ("completed", "completed")]
+    assert declined == [*window, ("authorize.declined", "declined")]
+    # the write-ahead commits each timed (wall, thread CPU); the decline's end is not one
+    assert timed == {"create": 2, "create_cpu": 2, "state": 2, "state_cpu": 2,
+                     "approval": 1, "approval_cpu": 1}
