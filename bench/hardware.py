@@ -52,7 +52,8 @@ journal, the mdb platform talking to the virtual vending machine controller over
    id's uniqueness (dropped from the floor's journal, which the bare sales share), the send's
    anchors beside the sale (``answer_by``, ``sale_sends``: the request step's own time says
    when it was sent) and the card read's accepted step (unsynced, inside the card's wait): 3, 2
-   and 2 WAL pages a commit, where the agent's write 8, 7 and 5. The direct calls are the
+   and 2 WAL pages a commit, where the agent's write 7, 6 and 4 (8, 7 and 5 before the steps
+   lost AUTOINCREMENT and an UPDATE its needless state, i41-window-frames). The direct calls are the
    agent's requests: its terminal, its prices, order ids of its shape, one client kept alive
    with its cable open; the line is the controller's vend request and the agent's approve (22
    and 12 bytes). Until 2026-11-30 the commits were three of one commit of two steps that keep
