@@ -288,7 +288,10 @@ async def _lying_adapter(workdir: Path, steps: list[tuple[Any, ...]], mode: str)
                 await asyncio.sleep(0.005)
             adapter.write(b"\nc,STATUS,DISABLED\n")  # the controller ends whatever was open
             [platform] = agent.platforms
-            await until(lambda: platform.device.session is None and not agent.sales.running,
+            # settled: the agent has read every byte the adapter wrote (on a starved loop the
+            # DISABLED was still on its way, and it then ended the session "sells again" opened)
+            await until(lambda: platform.device.link.stats.bytes_in == adapter.written
+                        and platform.device.session is None and not agent.sales.running,
                         timeout=15)
             _check_agent_money(agent, adapter, steps)
             await _sells_again_through_the_agent(agent, adapter, mode)
