@@ -218,11 +218,13 @@ async def test_no_charge_is_believed_from_a_lookup_sent_before_the_deadline(
     # deadline (T + M with M = 1). Reporting answers each lookup late: the lookup sent at 2 s
     # looked before the commit and answers "no row" after the deadline has passed. That answer
     # must not end the sale FAILED while the service holds the money: only a lookup sent after
-    # the deadline may say none. On a FakeClock, the test holds each moment in place.
+    # the deadline may say none. On a FakeClock, the test holds each moment in place; the
+    # service holds the authorization until the test commits it (a 'delay' of 0.3 s of real
+    # time ran out first on a starved loop: answered, the sale never looked in reporting).
     clock = FakeClock(wall=time.time())
     sim = await sim_factory(time_scale=300, transactions=0)
     agent = await agent_factory(sim=sim, timeout=T, answer_margin=1.0, clock=clock)
-    await arm(sim, path="/api/v1/charge", fault="delay", delay_s=0.3)
+    await arm(sim, path="/api/v1/charge", fault="hold")
     await arm(
         sim, path="/ords/sprint/api/3p/v1/*", method="GET", fault="slow_answer", delay_s=0.5,
         share=1,
@@ -234,15 +236,19 @@ async def test_no_charge_is_believed_from_a_lookup_sent_before_the_deadline(
     sale = await agent.sales.start(
         SaleRequest(source="test", flow=Flow.AUTHORIZE_CAPTURE, amount_cents=300), machine
     )
-    async with asyncio.timeout(10):
-        while not charge.hits:  # the service holds the authorization; it commits in 0.3 s
+    async with asyncio.timeout(60):  # a hang's guard, as below
+        while not charge.hits:  # the service holds the authorization
             await asyncio.sleep(0.01)
     await asyncio.sleep(0.05)
     await clock.advance(T)  # the agent gives up at 2 s and looks in reporting
-    async with asyncio.timeout(10):
+    async with asyncio.timeout(60):
         while not lookups.hits:  # reporting has looked (no row yet) and answers in 0.5 s
             await asyncio.sleep(0.01)
-    async with asyncio.timeout(10):
+    async with aiohttp.ClientSession() as http, http.delete(
+        f"{sim.base_url}/sim/faults/{charge.id}"
+    ) as released:
+        assert released.status == 200, await released.text()  # the service commits it now
+    async with asyncio.timeout(60):
         while not sim.ctx.ledger.count():  # committed, at 2 s on the agent's clock
             await asyncio.sleep(0.01)
     await clock.advance(1.5)  # past the deadline while that first "no row" is on its way

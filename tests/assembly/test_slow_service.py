@@ -45,7 +45,7 @@ async def held_by_the_service(sim: Any) -> None:
     """Until the armed fault holds a call: the service has it (and commits it later)."""
     faults = faults_of(sim.ctx)
     assert faults is not None
-    async with asyncio.timeout(10):
+    async with asyncio.timeout(60):  # a hang's guard: a card read and a call, starved, took 10 s
         while not faults.armed[-1].hits:
             await asyncio.sleep(0.01)
     await asyncio.sleep(0.05)  # its body, sent with its headers, is read before the delay

@@ -342,7 +342,7 @@ async def test_a_real_agent_after_a_crash_reports_once_recovery_has_decided(
             return report()
 
         upstream.heartbeat = heartbeat  # type: ignore[method-assign]
-        await until(lambda: upstream.heartbeats == 1, timeout=10)
+        await until(lambda: upstream.heartbeats == 1, timeout=60)  # a hang's guard
         assert recovery_at_report == ["done"]  # the verdict came first
         assert upstream.first_report_waited_s is not None
         assert upstream.first_report_waited_s > 0  # the settle's wait, at least one round

@@ -24,12 +24,13 @@ from ..helpers import sim_call
 
 
 async def losing_authorization_answers(sim_factory: Any) -> tuple[Any, ServiceSettings, FakeClock]:
-    """A simulator that commits every authorization late (0.5 s), the agent's service settings
-    (a call is given up after 2 s) and its FakeClock: an authorization's answer is lost when the
-    test moves the clock on."""
+    """A simulator that holds every authorization until the test commits it (``arm_cleared``),
+    the agent's service settings (a call is given up after 2 s) and its FakeClock: an
+    authorization's answer is lost when the test moves the clock on. (A ``delay`` of 0.5 s of
+    real time ran out first on a starved loop: the call was answered before the agent's 2 s
+    passed on its clock, and the sale went on as an approval.)"""
     sim = await sim_factory(time_scale=300, transactions=0)
-    await sim_call(sim, "POST", "/sim/faults",
-                   {"path": "/api/v1/charge", "fault": "delay", "delay_s": 0.5})
+    await sim_call(sim, "POST", "/sim/faults", {"path": "/api/v1/charge", "fault": "hold"})
     return sim, settings_from_ready(sim.ready_info(), timeout=2.0), FakeClock(wall=time.time())
 
 

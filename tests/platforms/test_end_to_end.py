@@ -18,7 +18,7 @@ from kiosk_agent.platforms.virtual import VirtualPlatform
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.sim.machine import VirtualController, VisitOutcome
-from tests.assembly.test_slow_service import held_by_the_service, ledger
+from tests.assembly.test_slow_service import arm_cleared, held_by_the_service, ledger
 
 from ..helpers import sim_call, until
 from .agent_rig import (
@@ -28,6 +28,8 @@ from .agent_rig import (
     until_final,
 )
 from .test_serial_line import MDB_AS_LINES
+
+GUARD_S = 60.0  # a hang's guard in real time, never a bound (a starved loop takes 10-20 s)
 
 
 async def _final_events(
@@ -158,23 +160,27 @@ async def test_the_next_customer_is_served_while_a_lost_authorization_is_found_o
     async with running_agent(
         tmp_path, settings, [trigger], time_scale=300, sales=sales, clock=clock
     ) as agent, stopped_on_failure(agent, clock):
-        await asyncio.wait_for(controller.wait_enabled(), 5)
+        await asyncio.wait_for(controller.wait_enabled(), GUARD_S)
         visit = asyncio.create_task(controller.customer("A2"))
         await held_by_the_service(sim)
         await clock.advance(2.0)  # the agent gives up on the authorization
-        assert (await asyncio.wait_for(visit, 5)).outcome is VisitOutcome.DENIED
+        assert (await asyncio.wait_for(visit, GUARD_S)).outcome is VisitOutcome.DENIED
         await clock.next_due()  # no row yet: looking again later
         [lost] = agent.journal.query()
         assert lost.state is SaleState.UNRESOLVED
+        await arm_cleared(sim)  # the service commits it now, its answer going to nobody
 
-        served = await asyncio.wait_for(controller.customer("A1"), 5)
+        served = await asyncio.wait_for(controller.customer("A1"), GUARD_S)
         assert served.outcome is VisitOutcome.VENDED
         assert agent.journal.get(lost.sale_id).state is SaleState.UNRESOLVED  # type: ignore[union-attr]
 
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(GUARD_S):
             while not await ledger(agent, lost.order_id):  # the late authorization
                 await asyncio.sleep(0.01)
         await clock.run(until_final(agent, lost.sale_id))
+        # the second's capture too: served (vended) is not captured yet on a starved loop
+        [served_id] = [r.sale_id for r in agent.journal.query() if r.sale_id != lost.sale_id]
+        await clock.run(until_final(agent, served_id))
         records = {r.sale_id: r for r in agent.journal.query()}
         assert records[lost.sale_id].state is SaleState.REVERSED
         [second] = [r for r in records.values() if r.sale_id != lost.sale_id]

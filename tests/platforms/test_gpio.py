@@ -23,7 +23,7 @@ from kiosk_agent.sales.journal import SaleRecord
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.verdicts import Report, Verdict
-from tests.assembly.test_slow_service import held_by_the_service, ledger
+from tests.assembly.test_slow_service import arm_cleared, held_by_the_service, ledger
 
 from ..helpers import sim_call, until
 from .agent_rig import (
@@ -242,17 +242,18 @@ async def test_a_press_while_the_last_sale_finds_out_a_lost_authorization_sells(
             await clock.next_due()  # no row yet: looking again later
             [espresso] = agent.journal.query()
             assert espresso.state is SaleState.UNRESOLVED
+            await arm_cleared(sim)  # the service commits it now, its answer going to nobody
 
             chip.press(18)
             await until(lambda: len(agent.journal.query()) == 2)
             [latte] = [r for r in agent.journal.query() if r.product == "latte"]
-            await asyncio.wait_for(until_final(agent, latte.sale_id), 10)
+            await asyncio.wait_for(until_final(agent, latte.sale_id), 60)  # a hang's guard
             assert agent.journal.get(latte.sale_id).state is SaleState.COMPLETED  # type: ignore[union-attr]
             assert agent.journal.get(espresso.sale_id).state is SaleState.UNRESOLVED  # type: ignore[union-attr]
             assert (chip.pulses(22), chip.pulses(23)) == (0, 1)  # no espresso poured
             assert platform.status()["ignored_presses"] == 0
 
-            async with asyncio.timeout(10):
+            async with asyncio.timeout(60):  # a hang's guard
                 while not await ledger(agent, espresso.order_id):  # the late authorization
                     await asyncio.sleep(0.01)
             await clock.run(until_final(agent, espresso.sale_id))

@@ -26,7 +26,7 @@ from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.sim.context import SimOptions
 from kiosk_agent.sim.server import SimServer
 from tests.admin.test_any_body import KIOSK_BODIES
-from tests.assembly.test_slow_service import held_by_the_service, ledger
+from tests.assembly.test_slow_service import arm_cleared, held_by_the_service, ledger
 
 from ..helpers import ErrorLog, sim_call, until
 from .agent_rig import (
@@ -154,14 +154,15 @@ async def test_a_sale_whose_authorization_lost_its_answer_does_not_make_the_next
         await clock.advance(2.0)  # the agent gives up on the authorization
         await clock.next_due()  # no row yet: looking again later
         assert agent.journal.get(first["sale_id"]).state is SaleState.UNRESOLVED
+        await arm_cleared(sim)  # the service commits it now, its answer going to nobody
 
         status, second = await app.post("/sales", {"product": "tea"})
         assert status == 202, second
-        await asyncio.wait_for(until_final(agent, second["sale_id"]), 10)
+        await asyncio.wait_for(until_final(agent, second["sale_id"]), 60)  # a hang's guard
         assert agent.journal.get(second["sale_id"]).state is SaleState.COMPLETED
         assert agent.journal.get(first["sale_id"]).state is SaleState.UNRESOLVED
 
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(60):  # a hang's guard
             while not await ledger(agent, first["order_id"]):  # the late authorization
                 await asyncio.sleep(0.01)
         await clock.run(until_final(agent, first["sale_id"]))

@@ -26,6 +26,7 @@ from kiosk_agent.sales.audit import (
     UNSETTLED_AHEAD,
     ChargeAudit,
 )
+from kiosk_agent.sales.fake_clock import FakeClock
 from kiosk_agent.sales.journal import JournalError, SaleRecord
 from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.sales.unit import OwnUnit
@@ -37,6 +38,8 @@ from kiosk_agent.sim.payments import Payments
 from ..assembly.agent_helpers import TIME_SCALE
 from ..helpers import sim_call, until, walk_to
 from .test_recovery import leave_open
+
+WAIT_S = 60.0  # a hang's guard on a wait of a few loop turns (real time)
 
 
 async def checked_start(agent_factory: Any, **kwargs: Any) -> Any:
@@ -341,13 +344,22 @@ async def test_a_whole_read_comes_after_a_journal_fault_and_each_interval_not_be
     guard.audit.check = recorded  # type: ignore[method-assign]
     guard.audit_interval = 0.02  # the periodic checks, one after another
     guard.history_interval = 0.15  # and a whole read again after this long
+    # the rounds on a FakeClock, moved a wait at a time: on the real one a check that took
+    # longer than the interval in real time (a starved loop) made the next a whole read again
+    # ([True, True]). The guard waits on the real clock until the fault wakes it.
+    clock = FakeClock()
+    guard.clock = clock
     guard.written(JournalError("disk gone"))
     guard.written(None)  # it takes writes again: what was lost meanwhile may have settled
-    await until(lambda: checks.count(True) >= 2)
+    while checks.count(True) < 2:
+        # the soonest wait on the clock: the guard's next round (0.05 s, its shortest)
+        await clock.advance_to(await clock.next_due(pauses_only=False, horizon=1.0,
+                                                    real_timeout=WAIT_S))
     first, second = (n for n, whole in enumerate(checks) if whole)
     assert first == 0  # the fault's check read the settled too
     assert second > 1  # the periodic ones between asked for the unsettled only
     assert not any(checks[first + 1:second])
+    assert second in (3, 4), checks  # a round each 0.05 s: the one at 0.15 s reads them whole
 
 
 async def test_a_clock_not_yet_set_does_not_stretch_the_check_over_the_terminals_history(

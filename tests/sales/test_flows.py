@@ -34,6 +34,7 @@ from kiosk_agent.sales.runner import TerminalBusy
 from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.service import cable as cable_module
 from kiosk_agent.service.models import TransactionFilter, TransStatus
+from kiosk_agent.sim import auth as sim_auth
 from tests.assembly.agent_helpers import ScriptedDispenser
 from tests.helpers import until
 from tests.sales.test_journal import FailingCommits, new_sale
@@ -707,6 +708,10 @@ async def test_the_card_waits_unsubscribe_is_sent_once_no_terminal_is_held(
     agent: Agent, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(cable_module, "LEAVE_WAITS_FOR_CUSTOMER_S", 60.0)  # the release, not it
+    # the cable's token lives 60 s of the simulator's clock, 1.2 s of real time at its scale 50:
+    # on a starved loop the token was spent late, the upgrade refused (401) and the wait polled
+    # with no cable to look at. The token's lifetime is not this test's subject.
+    monkeypatch.setattr(sim_auth, "WS_TOKEN_LIFETIME", 3600.0 * 50)
     cable = agent.service.terminal.cable
     machine = ScriptedDispenser()
     vending, vended = asyncio.Event(), asyncio.Event()  # the terminal is held while it vends

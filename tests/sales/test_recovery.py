@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 
 from kiosk_agent.cli.sim import settings_from_ready
-from kiosk_agent.sales.clock import FakeClock
+from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock, FakeClock
 from kiosk_agent.sales.journal import Journal, SaleRecord
 from kiosk_agent.sales.late_vends import late_vended
 from kiosk_agent.sales.model import DispenseOutcome, DispenseStatus, Flow, SaleRequest, money_text
@@ -37,9 +37,9 @@ async def rows(service: ServiceClient, order_id: str) -> list[Any]:
     return [t async for t in service.reporting.transactions(query)]
 
 
-def leave_open(directory: Path, **fields: Any) -> SaleRecord:
-    """Write a sale as a crashed agent would have left it."""
-    journal = Journal(directory / "journal.db")
+def leave_open(directory: Path, clock: Clock = SYSTEM_CLOCK, **fields: Any) -> SaleRecord:
+    """Write a sale as a crashed agent would have left it (its steps dated on ``clock``)."""
+    journal = Journal(directory / "journal.db", clock=clock)
     journal.open()
     base: dict[str, Any] = {
         "sale_id": "crashed1",
@@ -488,8 +488,11 @@ async def _left_dispensing(
     async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
         trans_id = await authorize(service, "KACRASHED1", capture=False)
     clock = FakeClock(wall=time.time(), boot_id=boot)
+    # its steps dated on the next start's clock too: dated in real time, the dispense's step
+    # (placed on the monotonic clock through the send's anchor) moved on by the real time the
+    # setup took, and on a starved loop the vend's deadline came 2.2 s late
     leave_open(
-        tmp_path, state=SaleState.DISPENSING, trans_id=trans_id, authorized_cents=300,
+        tmp_path, clock, state=SaleState.DISPENSING, trans_id=trans_id, authorized_cents=300,
         product=product, sent_at=clock.time() - 1, sent_mono=clock.monotonic() - 1,
         sent_boot="fake-boot-1", answer_by=clock.time() + 29, **fields,
     )
