@@ -445,10 +445,13 @@ async def test_health_and_events_give_up_on_an_agent_that_never_answers(
 
 
 async def test_service_commands_work_with_the_demo_config(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     for name in cli.ENVIRONMENT.values():
         monkeypatch.delenv(name, raising=False)
+    # the demo's journal (and the file a running demo leaves beside it) is under ~: a demo
+    # someone runs on this machine meanwhile, from any checkout, is not this test's
+    monkeypatch.setenv("HOME", str(tmp_path))
     demo = str(ROOT / "config" / "demo.yaml")
     # the list of readers is the running agent's (none here, and the demo config has no admin:
     # section to ask one): said at once, no simulator started for it
