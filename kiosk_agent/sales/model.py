@@ -26,6 +26,14 @@ class DispenseStatus(enum.StrEnum):
     TIMEOUT = "timeout"  # no result within the vend timeout: treated as not dispensed
 
 
+# The endings of an approved vend with no result heard: the machine may have vended (or still
+# vend) unheard, its money going back; a person is told the product may have gone out (a
+# ``late.vend`` with ``unsure``, sales/late_vends.py ``maybe_note``). Only the sale's own giving
+# up: a failure or cancel the machine said, a vend never sent (the link down: "not approved"),
+# or no vend approved at all (the customer cancelled first) cannot have made one.
+UNHEARD_ENDS = frozenset({"timeout"})
+
+
 @data_class(frozen=True, slots=True)
 class DispenseOutcome:
     status: DispenseStatus

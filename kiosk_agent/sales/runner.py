@@ -425,6 +425,7 @@ class SaleRunner:
             currency=self.settings.currency,
         )
         flow = flow_class(request.flow)(record, request, dispenser, self.context)
+        flow.machine_outlives = self.hears_after_restart(request.source)
         opened: dict[str, Any] = {"source": request.source, "product": request.product}
         if request.flow is Flow.AUTHORIZE_CAPTURE and not request.product:
             # whether its dispense.request approves a vend, where nothing else in the journal
@@ -484,11 +485,11 @@ class SaleRunner:
     async def _run(self, device: str, flow: SaleFlow) -> SaleEvent:
         try:
             ended = await flow.run()
-            if flow.dispense_unsure:
-                # the dispenser raised: the product may have gone out, its money went back; the
-                # note was journaled with the dispense.result (SaleFlow.not_dispensed): said
-                self.late_vends.noted(ended.sale_id, {"product": flow.request.product,
-                                                      "unsure": flow.dispense_unsure})
+            if flow.maybe_told is not None:
+                # the dispenser raised, or the vend timed out: the product may have gone out, its
+                # money went back; the note was journaled with the dispense.result
+                # (SaleFlow.not_dispensed): said in the log and told to health
+                self.late_vends.noted(ended.sale_id, flow.maybe_told)
             return ended
         except asyncio.CancelledError:
             raise

@@ -1,0 +1,113 @@
+"""A live vend timeout gives the money back, and a person is told the product may have gone out.
+
+Standing rule 13: the agent moves only money it can prove is its own, and what it cannot prove
+it reports to a person. A live sale approves its vend, the machine says nothing within the vend
+timeout, the money goes back, and the agent listens for a late vend only in memory: stopped or
+killed before that late vend, the product may have gone out unpaid. Before (2026-11-30), no face
+said so; now the vend timeout's ``dispense.result`` carries the maybe (``late.vend`` with
+``unsure`` and the vend's price) in its own commit, before the give-back.
+
+Through the real agent on each platform (the simulator over HTTP, a pty-backed controller,
+SQLite on disk), the vend timeout on the agent's injected clock; then the agent stops, a new
+one starts on the same journal, and nothing more is heard. ``kiosk-agent sales late-vends
+--json`` (the real command on the journal) lists the sale as unsure with its price, and
+health's maybe count (from the journal) counts it. The endings that cannot have made a vend
+(a failure the machine said, a cancel before the vend was approved, a vend never sent) are in
+tests/sales/test_timeout_maybe.py, on the sale's flows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kiosk_agent.cli import main
+from kiosk_agent.sales.clock import FakeClock
+from kiosk_agent.sales.states import SaleState, Step
+from kiosk_agent.sim.machine import VirtualController
+
+from ..helpers import until
+from .agent_rig import running_agent
+from .test_kiosk_api import _confirming_on, _ended
+from .test_late_vends import _MACHINES, _dropping, _vend_timeout_waits
+
+
+def told_after_the_restart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], agent: Any, sale_id: str,
+    product: str, cents: int,
+) -> None:
+    """``sale_id`` is listed by `kiosk-agent sales late-vends --json` (the real command on the
+    journal) as unsure, with its product and price, and it alone; ``agent`` (a new start on the
+    same journal) counts it as a maybe in health, from the journal."""
+    capsys.readouterr()
+    config = str(tmp_path / "agent.yaml")
+    assert main(["sales", "late-vends", "-c", config, "--json"]) == 1  # exit 1 while any
+    [listed] = json.loads(capsys.readouterr().out)["late_vends"]
+    assert (listed["sale_id"], listed["product"], listed["cents"]) == (sale_id, product, cents)
+    assert listed["unsure"].startswith("no vend result within"), listed
+    assert agent.sales.late_vends.counts() == (0, 1)
+    snapshot = agent.health.snapshot()
+    [problem] = [p for p in snapshot.problems if "unpaid (the money went back)" in p]
+    assert sale_id[:8] in problem, problem
+    assert "maybe: no vend result within" in problem, problem
+    record = agent.journal.get(sale_id)
+    assert record is not None
+    assert record.state is SaleState.REVERSED, record
+    steps = [s.step for s in agent.journal.steps(sale_id)]
+    # told with the vend timeout's result, before the give-back was asked
+    result = steps.index(Step.DISPENSE_RESULT)
+    assert steps[result + 1] == Step.LATE_VEND, steps
+    assert steps.index(Step.REVERSE_REQUEST) > result + 1, steps
+
+
+@pytest.mark.parametrize("kind", _MACHINES)
+async def test_a_vend_timeout_then_a_restart_with_nothing_heard_is_told(
+    tmp_path: Path, sim_settings: Any, controller: VirtualController, kind: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """mdb and serial_line: the controller is still dropping the B1 ($3.25) when the sale's vend
+    timeout passes (the agent's clock): the money goes back. The agent stops; the next start
+    hears nothing of that vend (the controller's word never comes). Failed on integ: the list
+    was empty, health counted nothing."""
+    trigger = {**_MACHINES[kind], "port": controller.port, "vend_timeout": 0.5}
+    clock, controller.clock = FakeClock(), FakeClock()
+    async with running_agent(tmp_path, sim_settings, [trigger], clock=clock) as agent:
+        await asyncio.wait_for(controller.wait_enabled(), 5)
+        visit = asyncio.create_task(controller.customer("B1"))
+        await _dropping(controller.clock)
+        [record] = agent.journal.query()
+        await until(lambda: agent.journal.get(record.sale_id).state is SaleState.DISPENSING)
+        await _vend_timeout_waits(clock, 0.5)
+        await clock.advance(0.5)  # the vend timeout: the money goes back
+        await until(lambda: agent.journal.get(record.sale_id).state.final)
+    async with running_agent(tmp_path, sim_settings, [trigger]) as second:
+        await asyncio.wait_for(second.recovery.wait(), 10)
+        told_after_the_restart(tmp_path, capsys, second, record.sale_id, "B1", 325)
+    visit.cancel()  # the machine's drop never ends on its own clock
+
+
+async def test_a_kiosk_app_that_never_confirms_then_a_restart_is_told(
+    tmp_path: Path, sim_settings: Any, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """kiosk_api with confirm_dispense: the app never reports the tea ($1.75) within the vend
+    timeout (30 s on the agent's clock); the money goes back, the agent stops, and the app's
+    report never comes. Failed on integ: nothing listed, nothing counted."""
+    import time
+
+    clock = FakeClock(wall=time.time())
+    async with _confirming_on(clock, tmp_path, sim_settings) as (_agent, app):
+        _, started = await app.post("/sales", {"product": "tea"})
+        sale_id = started["sale_id"]
+        await until(lambda: app.api._latest[sale_id].state is SaleState.DISPENSING)
+        await until(lambda: clock.monotonic() + 30.0 in clock.pending())
+        await clock.advance(30.0)
+        await until(functools.partial(_ended, app, sale_id))
+    async with _confirming_on(FakeClock(wall=time.time()), tmp_path, sim_settings) as (
+            second, _app):
+        await asyncio.wait_for(second.recovery.wait(), 10)
+        told_after_the_restart(tmp_path, capsys, second, sale_id, "tea", 175)
