@@ -48,12 +48,14 @@ class Dispenser:
     def ended(self) -> bool:
         return self.result.done()
 
-    def end(self, status: DispenseStatus, detail: str) -> DispenseOutcome:
+    def end(self, status: DispenseStatus, detail: str, *, unheard: bool = False) -> DispenseOutcome:
         """Settle the outcome once; later calls get the first answer. Only a vend takes money:
-        ``vended_cents`` is the chosen price for VENDED, else 0."""
+        ``vended_cents`` is the chosen price for VENDED, else 0. ``unheard``: the approved vend
+        was in the machine's hands and it said nothing of its end (``DispenseOutcome.unheard``:
+        a person is told the product may have gone out)."""
         if not self.result.done():
             vended = self.vend_cents if status is DispenseStatus.VENDED else 0
-            outcome = DispenseOutcome(status, vended, self.product, detail)
+            outcome = DispenseOutcome(status, vended, self.product, detail, unheard)
             self.result.set_result(outcome)
             self.ended_as(outcome)
         return self.result.result()

@@ -287,8 +287,8 @@ class MdbSession(Dispenser):
             self.end(DispenseStatus.CANCELLED, reason)
             return
         self.abort_reason = reason
-        if self.phase is Phase.VENDING:
-            self.end(DispenseStatus.CANCELLED, reason)
+        if self.phase is Phase.VENDING:  # approved (C,VEND sent): its result may still come
+            self.end(DispenseStatus.CANCELLED, reason, unheard=True)
             return
         was = self.phase
         self.move_to(Phase.ABORTED)

@@ -384,8 +384,8 @@ class SerialLineDevice:
         if vend is None:
             return
         vend.cancelled = reason
-        if vend.vending:
-            vend.end(DispenseStatus.CANCELLED, reason)
+        if vend.vending:  # approved: the device may still say it dispensed
+            vend.end(DispenseStatus.CANCELLED, reason, unheard=True)
         elif vend.sale_id is not None:
             self._tasks.spawn(request_cancel(self.sales, vend.sale_id, self.name))
 

@@ -29,7 +29,6 @@ from kiosk_agent.sales.clock import wait_at_most
 from kiosk_agent.sales.journal import SaleRecord
 from kiosk_agent.sales.late_vends import maybe_note
 from kiosk_agent.sales.model import (
-    UNHEARD_ENDS,
     ChoosingDispenser,
     DispenseOutcome,
     Dispenser,
@@ -37,6 +36,7 @@ from kiosk_agent.sales.model import (
     SaleEvent,
     SaleRequest,
     Selection,
+    unheard_end,
 )
 from kiosk_agent.sales.receipts import prints_on_terminal, send_receipts
 from kiosk_agent.sales.states import ReportingSteps, SaleState, Step
@@ -263,7 +263,7 @@ class SaleFlow(SaleSteps):
         a vend never approved, or a machine that dies with the agent (``virtual``): not told."""
         why = self.dispense_unsure or (
             outcome.detail or "no vend result within its vend timeout"
-            if outcome.status in UNHEARD_ENDS and self.machine_outlives
+            if unheard_end(outcome.status, outcome.unheard) and self.machine_outlives
             and self.record.state is SaleState.DISPENSING else "")
         if not why:
             self.step(Step.DISPENSE_RESULT, detail=outcome_detail(outcome), **changes)
@@ -409,4 +409,5 @@ def outcome_detail(outcome: DispenseOutcome) -> dict[str, Any]:
         "vended_cents": outcome.vended_cents,
         "product": outcome.product,
         "detail": outcome.detail,
+        **({"unheard": True} if outcome.unheard else {}),
     }

@@ -34,6 +34,13 @@ class DispenseStatus(enum.StrEnum):
 UNHEARD_ENDS = frozenset({"timeout"})
 
 
+def unheard_end(status: object, unheard: object = False) -> bool:
+    """Whether a vend's end (its status, as a ``DispenseStatus`` or journaled) was no word from
+    the machine of how it went: the sale gave up (``UNHEARD_ENDS``), or the platform ended it
+    with the machine mid-vend and its result still to come (``DispenseOutcome.unheard``)."""
+    return status in UNHEARD_ENDS or unheard is True
+
+
 @data_class(frozen=True, slots=True)
 class DispenseOutcome:
     status: DispenseStatus
@@ -42,6 +49,10 @@ class DispenseOutcome:
     vended_cents: int = 0
     product: str | None = None
     detail: str = ""
+    # ended by the platform with the approved vend in the machine's hands and no result from it
+    # (a drop sensor's window that saw nothing, a controller reset mid-vend, a serial device's
+    # cancel line): the machine may still make it, as after a vend timeout (``unheard_end``)
+    unheard: bool = False
 
     @property
     def dispensed(self) -> bool:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from kiosk_agent.sales.clock import Anchor
 from kiosk_agent.sales.journal import Journal, JournalError, SaleMoved, SaleRecord, StepRecord
 from kiosk_agent.sales.late_vends import maybe_note
-from kiosk_agent.sales.model import UNHEARD_ENDS, DispenseStatus, Flow, SaleEvent
+from kiosk_agent.sales.model import UNHEARD_ENDS, DispenseStatus, Flow, SaleEvent, unheard_end
 from kiosk_agent.sales.runner import SaleRunner
 from kiosk_agent.sales.states import SaleState, Step, TransitionRefused
 from kiosk_agent.sales.steps import SaleContext, SaleSteps
@@ -69,7 +69,8 @@ def unheard_vend(record: SaleRecord, steps: list[StepRecord]) -> tuple[str, int]
     if record.state is SaleState.COMPLETED or record.vended_cents:
         return None
     names = {s.step for s in steps}
-    said = any(s.step == Step.DISPENSE_RESULT and s.detail.get("status") not in UNHEARD_ENDS
+    said = any(s.step == Step.DISPENSE_RESULT
+               and not unheard_end(s.detail.get("status"), s.detail.get("unheard"))
                for s in steps)
     if (Step.DISPENSE_REQUEST not in names or said
             or Step.LATE_VEND in names or Step.CAPTURE_REQUEST in names):

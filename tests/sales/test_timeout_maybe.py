@@ -21,7 +21,7 @@ import pytest
 from kiosk_agent.assembly.agent import Agent
 from kiosk_agent.sales.clock import FakeClock
 from kiosk_agent.sales.late_vends import late_vend_of
-from kiosk_agent.sales.model import DispenseStatus, Flow
+from kiosk_agent.sales.model import DispenseOutcome, DispenseStatus, Flow
 from kiosk_agent.sales.states import SaleState, Step
 from tests.assembly.agent_helpers import ScriptedDispenser
 
@@ -88,3 +88,36 @@ async def test_a_machine_that_dies_with_the_agent_is_not_told(agent_factory: Any
     assert event.state is SaleState.REVERSED
     assert late_vend_of(agent.journal.steps(event.sale_id)) is None
     assert agent.sales.late_vends.counts() == (0, 0)
+
+
+class UnheardMachine(ScriptedDispenser):
+    """A platform that ended the approved vend with no word from the machine (a drop sensor's
+    window, a controller reset mid-vend): ``DispenseOutcome.unheard``."""
+
+    async def dispense(self, authorized_cents: int) -> DispenseOutcome:
+        self.authorized.append(authorized_cents)
+        return DispenseOutcome(DispenseStatus.FAILED, product="A1",
+                               detail="drop sensor saw nothing within 0.3s", unheard=True)
+
+
+async def test_a_vend_the_platform_ended_unheard_is_told_and_journaled_as_unheard(
+    agent: Agent,
+) -> None:
+    """The journal keeps the platform's word (``unheard`` on the dispense.result, only where
+    set) so recovery reads the same rule (``recovery.unheard_vend``) for a sale a kill left."""
+    from kiosk_agent.sales.recovery import unheard_vend
+
+    event = await sell(agent, 300, UnheardMachine(), flow=Flow.AUTHORIZE_CAPTURE, product="A1")
+    assert event.state is SaleState.REVERSED
+    steps = agent.journal.steps(event.sale_id)
+    late = late_vend_of(steps)
+    assert late is not None
+    assert (late.cents, late.unsure) == (300, "drop sensor saw nothing within 0.3s")
+    [result] = [s for s in steps if s.step == Step.DISPENSE_RESULT]
+    assert result.detail["unheard"] is True
+    record = agent.journal.get(event.sale_id)
+    assert record is not None
+    # without its note (a journal of the earlier release), recovery would tell it; with it, not
+    # twice
+    assert unheard_vend(record, [s for s in steps if s.step != Step.LATE_VEND]) == ("A1", 300)
+    assert unheard_vend(record, steps) is None
