@@ -189,6 +189,28 @@ class LateVends:
                                       self.source, sale_id)
         return True
 
+    def failed(self, sale_id: str | None, detail: str) -> bool:
+        """The machine said ``sale_id``'s vend failed after its sale gave up on it: nothing
+        went out. Whether it was such a sale: then the vend is over (no success is waited for
+        any more) and the agent closes the maybe a person was told of (``sales.late_vend_failed``:
+        ``LateVendWatch.not_vended``), no person needed."""
+        product = _NOT_KEPT if sale_id is None else self._gave_up.get(sale_id, _NOT_KEPT)
+        if product is _NOT_KEPT or product is _TOLD or sale_id is None:
+            return False
+        del self._gave_up[sale_id]
+        if sale_id == self.restart_sale:
+            self.restart_sale = self.restart_product = None
+        _LOGGER.info("%s: %s for sale %s after it gave up waiting: nothing went out",
+                     self.source, detail, sale_id)
+        tell = getattr(self._sales, "late_vend_failed", None)
+        if callable(tell):
+            try:
+                tell(sale_id, self.source, detail)
+            except Exception:  # the platform goes on; the maybe stays for a person
+                _LOGGER.exception("%s: the failed vend of sale %s not told to the agent",
+                                  self.source, sale_id)
+        return True
+
     def status(self) -> dict[str, Any]:
         return {"late_vends": self.count, "last_late_vend_sale": self.last_sale}
 

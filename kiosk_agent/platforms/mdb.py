@@ -603,6 +603,10 @@ class MdbCashless:
             late_sale
         ):
             return
+        if late_sale is not None and status is DispenseStatus.FAILED and self.late.failed(
+            late_sale, detail
+        ):
+            return  # the given-up vend failed: the maybe a person was told of is closed
         self.link.noise(
             "result_without_vend", "%s: %s with no vend pending: ignored", self.name, detail
         )

@@ -373,6 +373,10 @@ class SerialLineDevice:
                 late_sale
             ):
                 return
+            if late_sale is not None and status is DispenseStatus.FAILED and self.late.failed(
+                late_sale, detail
+            ):
+                return  # the given-up dispense failed: the maybe told is closed
             self.link.noise(
                 "result_without_vend", "%s: %s with no dispense pending: ignored", self.name, detail
             )

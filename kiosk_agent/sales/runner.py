@@ -320,6 +320,12 @@ class SaleRunner:
         person acknowledges it (sales/late_vends.py). No money moves on it."""
         self.late_vends.heard(sale_id, product, source)
 
+    def late_vend_failed(self, sale_id: str, source: str, why: str) -> None:
+        """The machine said ``sale_id``'s vend failed after the sale gave up on it
+        (platforms/base.py ``LateVends.failed``): the maybe a person was told of is closed on
+        the sale (sales/late_vends.py ``LateVendWatch.not_vended``). No money moves on it."""
+        self.late_vends.not_vended(sale_id, source, why)
+
     def prepare_flow(self, flow: Flow) -> None:
         """A trigger's flow from its configuration: its module is imported now, at the start,
         not in its first customer's window."""

@@ -34,7 +34,7 @@ from kiosk_agent.sim.machine import VirtualController
 from ..helpers import until
 from .agent_rig import running_agent
 from .test_kiosk_api import _confirming_on, _ended
-from .test_late_vends import _MACHINES, _dropping, _vend_timeout_waits
+from .test_late_vends import _MACHINES, _dropped, _dropping, _vend_timeout_waits
 
 
 def told_after_the_restart(
@@ -55,6 +55,9 @@ def told_after_the_restart(
     [problem] = [p for p in snapshot.problems if "unpaid (the money went back)" in p]
     assert sale_id[:8] in problem, problem
     assert f"maybe: {unsure}" in problem, problem
+    # in health's words of its kind (before: "the agent stopped mid-vend", for every maybe
+    # not a dispenser's error)
+    assert "may have been dispensed (no vend result heard)" in problem, problem
     record = agent.journal.get(sale_id)
     assert record is not None
     assert record.state is SaleState.REVERSED, record
@@ -166,3 +169,67 @@ async def test_a_drop_sensor_that_saw_nothing_then_a_restart_is_told(
         await asyncio.wait_for(second.recovery.wait(), 10)
         told_after_the_restart(tmp_path, capsys, second, stuck.sale_id, "latte", 320,
                                unsure="drop sensor saw nothing")
+
+
+@pytest.mark.parametrize("kind", _MACHINES)
+async def test_a_failure_heard_after_the_vend_timeout_closes_the_maybe(
+    tmp_path: Path, sim_settings: Any, controller: VirtualController, kind: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The vend timeout gave the money back and told a person the B1 may have gone out; then
+    the controller says the vend failed: nothing went out. The maybe is closed on the sale
+    (``late.vend.seen`` by the machine, what it said): health and `sales late-vends` no longer
+    show it, no person needed, and the sales table says the B1 was not dispensed. Before, that
+    failure was a line "with no vend pending", ignored (and the maybe, once told, a person's)."""
+    trigger = {**_MACHINES[kind], "port": controller.port, "vend_timeout": 0.5}
+    clock, controller.clock = FakeClock(), FakeClock()
+    async with running_agent(tmp_path, sim_settings, [trigger], clock=clock) as agent:
+        await asyncio.wait_for(controller.wait_enabled(), 5)
+        visit = asyncio.create_task(controller.customer("B1", fail=True))
+        await _dropping(controller.clock)
+        [record] = agent.journal.query()
+        await until(lambda: agent.journal.get(record.sale_id).state is SaleState.DISPENSING)
+        await _vend_timeout_waits(clock, 0.5)
+        await clock.advance(0.5)  # the vend timeout: the money goes back, a person is told
+        await until(lambda: agent.journal.get(record.sale_id).state.final)
+        assert agent.sales.late_vends.counts() == (0, 1)
+        await _dropped(controller.clock)  # then the controller says the vend failed
+        await asyncio.wait_for(visit, 10)
+        await until(lambda: agent.sales.late_vends.counts() == (0, 0))
+        assert not [p for p in agent.health.snapshot().problems if "money went back" in p]
+        [seen] = [s.detail for s in agent.journal.steps(record.sale_id)
+                  if s.step == Step.LATE_VEND_SEEN]
+        assert seen["by"] == "the machine", seen
+        assert seen["not_vended"], seen
+    capsys.readouterr()
+    config = str(tmp_path / "agent.yaml")
+    assert main(["sales", "late-vends", "-c", config, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["late_vends"] == []
+    assert main(["sales", "-c", config]) == 0
+    [row] = capsys.readouterr().out.splitlines()[1:-1]
+    assert "B1 not dispensed: the machine said so after the sale gave up waiting" in row, row
+
+
+async def test_a_kiosk_apps_failure_after_the_vend_timeout_closes_the_maybe(
+    tmp_path: Path, sim_settings: Any,
+) -> None:
+    """kiosk_api: the app reports the tea failed after the sale gave up (30 s): answered 409
+    saying so, and the maybe a person was told of is closed."""
+    import time
+
+    clock = FakeClock(wall=time.time())
+    async with _confirming_on(clock, tmp_path, sim_settings) as (agent, app):
+        _, started = await app.post("/sales", {"product": "tea"})
+        sale_id = started["sale_id"]
+        await until(lambda: app.api._latest[sale_id].state is SaleState.DISPENSING)
+        await until(lambda: clock.monotonic() + 30.0 in clock.pending())
+        await clock.advance(30.0)
+        await until(functools.partial(_ended, app, sale_id))
+        assert agent.sales.late_vends.counts() == (0, 1)
+        status, answer = await app.post(f"/sales/{sale_id}/dispensed",
+                                        {"status": "failed", "detail": "jammed"})
+        assert status == 409
+        assert "nothing went out" in answer["message"], answer
+        assert agent.sales.late_vends.counts() == (0, 0)
+        [seen] = [s.detail for s in agent.journal.steps(sale_id) if s.step == Step.LATE_VEND_SEEN]
+        assert seen == {"by": "the machine", "not_vended": "jammed"}
