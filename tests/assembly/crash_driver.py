@@ -400,6 +400,9 @@ class ChaosOptions:
     # the funds, the customer chooses, and the judge holds that the machine's chosen price is
     # what was kept, never the funds (``kept_wrong_amount``).
     card_first: bool = False
+    # every trigger's vend_timeout (and the sales section's): one shorter than some vends
+    # (the machines dispense in 0.05 s) makes live vend timeouts, given back and told as maybes
+    vend_timeout: float = 5.0
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.moments if m not in MOMENTS]
@@ -428,6 +431,12 @@ class ChaosReport:
     states: dict[str, int] = field(default_factory=dict)
     vends: int = 0
     unpaid_vends: list[str] = field(default_factory=list)
+    # sales told "may have dispensed" (a late.vend with unsure), those of them the machine
+    # vended nothing for (false alarms: a person checks the stock for nothing), and those the
+    # machine's later failure closed (late.vend.seen by the machine)
+    maybes: int = 0
+    maybe_false_alarms: int = 0
+    maybes_closed: int = 0
     violations: list[Violation] = field(default_factory=list)
     faults_armed: dict[str, int] = field(default_factory=dict)
     clock_steps: list[float] = field(default_factory=list)  # offsets set, seconds, in order
@@ -451,6 +460,9 @@ class ChaosReport:
             "violations": len(self.violations),
             "unpaid_vends": len(self.unpaid_vends),
             "vends": self.vends,
+            "told_maybe": self.maybes,
+            "maybe_false_alarms": self.maybe_false_alarms,
+            "maybe_closed": self.maybes_closed,
             "unpaid_vend_window_p50_ms": pct(0.5),
             "unpaid_vend_window_p99_ms": pct(0.99),
             "clock_steps": len(self.clock_steps),
@@ -815,7 +827,7 @@ class Chaos:
             mode = f"mode: card_first, max_funds: '{CARD_FIRST_FUNDS}', " if card_first else ""
             triggers.append(
                 f"  - {{platform: mdb, name: m{n}, port: '{port}', terminal: SIM-{n:04d}, "
-                f"flow: {flow}, {mode}vend_timeout: 5, reconnect_max: 0.5}}"
+                f"flow: {flow}, {mode}vend_timeout: {opts.vend_timeout}, reconnect_max: 0.5}}"
             )
         terminals = ", ".join(f"{{device_id: SIM-{n:04d}}}" for n in range(1, len(ports) + 1))
         (self.dir / "config.yaml").write_text(
@@ -837,7 +849,8 @@ class Chaos:
                   timeout: {opts.timeout}
                 terminals: [{terminals}]
                 journal: {{path: {self.disk.journal}}}
-                sales: {{vend_timeout: 5, interaction_lifetime: {180 / opts.time_scale},
+                sales: {{vend_timeout: {opts.vend_timeout},
+                         interaction_lifetime: {180 / opts.time_scale},
                          answer_margin: {2 * opts.slow[1] + 1}, attention_recheck: 2,
                          charge_check_max_give_back: 1000}}
                 admin:
@@ -1393,6 +1406,12 @@ def judge(
                 violate("unpaid_vend_untold", sale,
                         f"the machine vended {vends[0]['product']} for "
                         f"{vends[0]['vended_cents']}c, no money kept and no late.vend on the sale")
+        own = steps.get(sale.sale_id, [])
+        if any(s.step == Step.LATE_VEND and s.detail.get("unsure") for s in own):
+            report.maybes += 1
+            report.maybe_false_alarms += not vends
+            report.maybes_closed += any(
+                s.step == Step.LATE_VEND_SEEN and s.detail.get("not_vended") for s in own)
 
 
 # =============================================================================================
