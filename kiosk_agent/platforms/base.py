@@ -19,7 +19,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
-from kiosk_agent.sales.model import DispenseOutcome, DispenseStatus, SaleRequest
+from kiosk_agent.sales.model import DispenseOutcome, DispenseStatus, SaleRequest, UnheardOutcome
 from kiosk_agent.sales.model import Dispenser as SaleDispenser
 
 _LOGGER = logging.getLogger(__name__)
@@ -55,7 +55,8 @@ class Dispenser:
         a person is told the product may have gone out)."""
         if not self.result.done():
             vended = self.vend_cents if status is DispenseStatus.VENDED else 0
-            outcome = DispenseOutcome(status, vended, self.product, detail, unheard)
+            made = UnheardOutcome if unheard else DispenseOutcome
+            outcome = made(status, vended, self.product, detail)
             self.result.set_result(outcome)
             self.ended_as(outcome)
         return self.result.result()

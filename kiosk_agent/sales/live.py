@@ -404,10 +404,12 @@ def declined(result: ChargeResult) -> str:
 
 
 def outcome_detail(outcome: DispenseOutcome) -> dict[str, Any]:
-    return {
+    detail = {
         "status": outcome.status._value_,
         "vended_cents": outcome.vended_cents,
         "product": outcome.product,
         "detail": outcome.detail,
-        **({"unheard": True} if outcome.unheard else {}),
     }
+    if outcome.unheard:  # only where the platform said so (UnheardOutcome): no bytes elsewhere
+        detail["unheard"] = True
+    return detail

@@ -21,7 +21,7 @@ import pytest
 from kiosk_agent.assembly.agent import Agent
 from kiosk_agent.sales.clock import FakeClock
 from kiosk_agent.sales.late_vends import late_vend_of
-from kiosk_agent.sales.model import DispenseOutcome, DispenseStatus, Flow
+from kiosk_agent.sales.model import DispenseOutcome, DispenseStatus, Flow, UnheardOutcome
 from kiosk_agent.sales.states import SaleState, Step
 from tests.assembly.agent_helpers import ScriptedDispenser
 
@@ -96,8 +96,8 @@ class UnheardMachine(ScriptedDispenser):
 
     async def dispense(self, authorized_cents: int) -> DispenseOutcome:
         self.authorized.append(authorized_cents)
-        return DispenseOutcome(DispenseStatus.FAILED, product="A1",
-                               detail="drop sensor saw nothing within 0.3s", unheard=True)
+        return UnheardOutcome(DispenseStatus.FAILED, product="A1",
+                              detail="drop sensor saw nothing within 0.3s")
 
 
 async def test_a_vend_the_platform_ended_unheard_is_told_and_journaled_as_unheard(
