@@ -3,7 +3,7 @@
     python bench/chaos.py [--kills 300] [--machines 2] [--seed 1] [--no-faults]
                           [--no-clock-steps] [--dir DIR]
                           [--disk-full P] [--damage-journal wal_deleted|page_overwritten]
-                          [--card-first]
+                          [--card-first] [--vend-timeout S]
 
 The agent (``kiosk-agent run``), the simulator (``kiosk-agent sim``) and ``--machines`` vending
 machines (``kiosk-agent virtual``) run as separate processes; the harness is
@@ -20,7 +20,10 @@ Prints kills, sales, sales recovered, every violation with the sale's journal st
 vends (vends the machine confirmed whose money went back because the agent died before hearing
 the result; one with no ``late.vend`` on its sale, told to no person, is a violation:
 ``unpaid_vend_untold``) and the unpaid-vend window (journaled ``dispense.request`` to the vend
-result journaled), then one JSON line.
+result journaled), the sales told "may have dispensed" (of them, how many the machine vended
+nothing for: false alarms, a person checks the stock for nothing; and how many the machine's
+later failure closed), then one JSON line. ``--vend-timeout S`` sets every trigger's vend
+timeout: one below the machines' 0.05 s dispense makes live vend timeouts.
 
 The journal's disk (root only): ``--disk-full P`` puts the journal on a tmpfs of its own and
 fills it for 0.2 to 1.5 s in a fraction P of the rounds while sales run; ``--damage-journal``
@@ -67,6 +70,8 @@ async def main() -> int:
                         default="", help="damage the journal once, half-way")
     parser.add_argument("--card-first", action="store_true",
                         help="the authorize_capture machines sell card first")
+    parser.add_argument("--vend-timeout", type=float, default=5.0, metavar="S",
+                        help="every trigger's vend timeout (the machines dispense in 0.05 s)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="chaos-") as scratch:
         workdir = args.dir or Path(scratch)
@@ -80,6 +85,7 @@ async def main() -> int:
             disk_full=args.disk_full,
             damage_journal=args.damage_journal,
             card_first=args.card_first,
+            vend_timeout=args.vend_timeout,
             clock_steps=not args.no_clock_steps,
             log=(lambda _line: None) if args.quiet else (lambda line: print(line, flush=True)),
         )
@@ -100,8 +106,9 @@ async def main() -> int:
     print(f"unpaid vends      {len(report.unpaid_vends)}")
     for line in report.unpaid_vends:
         print(f"  {line}")
-    print(f"maybe, not vended {len(report.maybe_not_vended)} (told 'may have dispensed', "
-          "the machine vended nothing)")
+    print(f"told maybe        {report.maybes} ('may have dispensed'; closed by the machine's "
+          f"failure: {report.maybes_closed}; the machine vended nothing, a false alarm: "
+          f"{len(report.maybe_not_vended)})")
     for line in report.maybe_not_vended:
         print(f"  {line}")
     print(

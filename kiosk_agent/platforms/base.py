@@ -19,7 +19,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
-from kiosk_agent.sales.model import DispenseOutcome, DispenseStatus, SaleRequest
+from kiosk_agent.sales.model import DispenseOutcome, DispenseStatus, SaleRequest, UnheardOutcome
 from kiosk_agent.sales.model import Dispenser as SaleDispenser
 
 _LOGGER = logging.getLogger(__name__)
@@ -48,12 +48,15 @@ class Dispenser:
     def ended(self) -> bool:
         return self.result.done()
 
-    def end(self, status: DispenseStatus, detail: str) -> DispenseOutcome:
+    def end(self, status: DispenseStatus, detail: str, *, unheard: bool = False) -> DispenseOutcome:
         """Settle the outcome once; later calls get the first answer. Only a vend takes money:
-        ``vended_cents`` is the chosen price for VENDED, else 0."""
+        ``vended_cents`` is the chosen price for VENDED, else 0. ``unheard``: the approved vend
+        was in the machine's hands and it said nothing of its end (``DispenseOutcome.unheard``:
+        a person is told the product may have gone out)."""
         if not self.result.done():
             vended = self.vend_cents if status is DispenseStatus.VENDED else 0
-            outcome = DispenseOutcome(status, vended, self.product, detail)
+            made = UnheardOutcome if unheard else DispenseOutcome
+            outcome = made(status, vended, self.product, detail)
             self.result.set_result(outcome)
             self.ended_as(outcome)
         return self.result.result()
@@ -185,6 +188,28 @@ class LateVends:
                 except Exception:  # the platform goes on; the log holds the late vend
                     _LOGGER.exception("%s: the late vend of sale %s not told to the agent",
                                       self.source, sale_id)
+        return True
+
+    def failed(self, sale_id: str | None, detail: str) -> bool:
+        """The machine said ``sale_id``'s vend failed after its sale gave up on it: nothing
+        went out. Whether it was such a sale: then the vend is over (no success is waited for
+        any more) and the agent closes the maybe a person was told of (``sales.late_vend_failed``:
+        ``LateVendWatch.not_vended``), no person needed."""
+        product = _NOT_KEPT if sale_id is None else self._gave_up.get(sale_id, _NOT_KEPT)
+        if product is _NOT_KEPT or product is _TOLD or sale_id is None:
+            return False
+        del self._gave_up[sale_id]
+        if sale_id == self.restart_sale:
+            self.restart_sale = self.restart_product = None
+        _LOGGER.info("%s: %s for sale %s after it gave up waiting: nothing went out",
+                     self.source, detail, sale_id)
+        tell = getattr(self._sales, "late_vend_failed", None)
+        if callable(tell):
+            try:
+                tell(sale_id, self.source, detail)
+            except Exception:  # the platform goes on; the maybe stays for a person
+                _LOGGER.exception("%s: the failed vend of sale %s not told to the agent",
+                                  self.source, sale_id)
         return True
 
     def status(self) -> dict[str, Any]:

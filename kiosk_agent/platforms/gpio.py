@@ -221,9 +221,11 @@ class _Drop(Dispenser):
                 return self.end(DispenseStatus.VENDED, "relay pulsed")
             with contextlib.suppress(TimeoutError):
                 await self.kiosk.clock.wait_for(self.wait(), self.kiosk.sensor_timeout)
+            # the relay fired: the product may be stuck and fall later (unheard, told)
             outcome = self.end(
                 DispenseStatus.FAILED,
                 f"drop sensor saw nothing within {self.kiosk.sensor_timeout:g}s",
+                unheard=True,
             )
             if outcome.status is DispenseStatus.FAILED:  # a fall seen later: out unpaid
                 self.kiosk.gave_up_on = self

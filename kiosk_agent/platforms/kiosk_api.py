@@ -735,6 +735,12 @@ class KioskApi:
                 return _error(409, "not_dispensing", "sale_id", (
                     "this sale stopped waiting for the dispense at its vend timeout and gives "
                     "its money back: the product went out unpaid"))  # fmt: skip
+            if dispenser is not None:  # a sale given up on: its failure closes its maybe
+                self.late.gave_up(dispenser)
+            if status_text == "failed" and self.late.failed(sale_id, detail or "failed"):
+                return _error(409, "not_dispensing", "sale_id", (
+                    "this sale stopped waiting for the dispense at its vend timeout and gave "
+                    "its money back: noted that nothing went out"))  # fmt: skip
             return _error(409, "not_dispensing", "sale_id", "this sale is not waiting to dispense")
         return web.json_response({"sale_id": sale_id, "status": status_text}, status=202)
 

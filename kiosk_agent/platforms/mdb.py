@@ -287,8 +287,8 @@ class MdbSession(Dispenser):
             self.end(DispenseStatus.CANCELLED, reason)
             return
         self.abort_reason = reason
-        if self.phase is Phase.VENDING:
-            self.end(DispenseStatus.CANCELLED, reason)
+        if self.phase is Phase.VENDING:  # approved (C,VEND sent): its result may still come
+            self.end(DispenseStatus.CANCELLED, reason, unheard=True)
             return
         was = self.phase
         self.move_to(Phase.ABORTED)
@@ -603,6 +603,10 @@ class MdbCashless:
             late_sale
         ):
             return
+        if late_sale is not None and status is DispenseStatus.FAILED and self.late.failed(
+            late_sale, detail
+        ):
+            return  # the given-up vend failed: the maybe a person was told of is closed
         self.link.noise(
             "result_without_vend", "%s: %s with no vend pending: ignored", self.name, detail
         )

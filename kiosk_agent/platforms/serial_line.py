@@ -373,6 +373,10 @@ class SerialLineDevice:
                 late_sale
             ):
                 return
+            if late_sale is not None and status is DispenseStatus.FAILED and self.late.failed(
+                late_sale, detail
+            ):
+                return  # the given-up dispense failed: the maybe told is closed
             self.link.noise(
                 "result_without_vend", "%s: %s with no dispense pending: ignored", self.name, detail
             )
@@ -384,8 +388,8 @@ class SerialLineDevice:
         if vend is None:
             return
         vend.cancelled = reason
-        if vend.vending:
-            vend.end(DispenseStatus.CANCELLED, reason)
+        if vend.vending:  # approved: the device may still say it dispensed
+            vend.end(DispenseStatus.CANCELLED, reason, unheard=True)
         elif vend.sale_id is not None:
             self._tasks.spawn(request_cancel(self.sales, vend.sale_id, self.name))
 

@@ -21,6 +21,7 @@ restart keeps showing it and an acknowledgement made by another process is seen 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import sqlite3
 from collections.abc import Callable, Iterable, Mapping
@@ -40,6 +41,8 @@ _LOGGER = logging.getLogger(__name__)
 # how long a late vend stays a problem in health unless a person acknowledges it first
 LATE_VEND_SHOWN = 24 * 3600.0
 ACK = "kiosk-agent sales late-vends --ack"
+# who closed a maybe when the machine said later that its vend failed (``late.vend.seen``'s by)
+MACHINE = "the machine"
 
 
 @data_class(frozen=True, slots=True)
@@ -56,10 +59,16 @@ class LateVend:
     # the customer's choice card first); None where the note names none (a vend heard, a note
     # written before 2026-11-30)
     cents: int | None = None
+    # a maybe the machine closed: what it said later (its vend failed: nothing went out; a
+    # ``late.vend.seen`` by ``MACHINE``, ``LateVendWatch.not_vended``); "" while open
+    not_vended: str = ""
 
     def text(self) -> str:
         """Said on its sale (the sales table, `sales show`, the page's sale line), where the
         sale's state alone reads as "nothing went out"."""
+        if self.not_vended:
+            return (f"{self.product or 'product unnamed'} not dispensed: the machine said so "
+                    f"after the sale gave up waiting ({self.not_vended}); the money went back")
         if self.unsure:
             return (f"may have dispensed {self.product or 'product unnamed'} "
                     f"{display_time(self.at)} ({self.unsure}); the money went back")
@@ -79,11 +88,12 @@ def counted(late: Iterable[LateVend]) -> tuple[int, int]:
 def _counted(late: list[LateVend]) -> str:
     """Health's count of unseen late vends, in words."""
     heard, maybe = counted(late)
-    # why a maybe: a dispenser's error (the runner's), or a vend in flight when the agent
-    # stopped (recovery's): said as such when all are of one kind
-    errors = sum(1 for vend in late if vend.unsure.startswith("dispenser error"))
-    why = ("a dispenser's error" if errors == maybe
-           else "the agent stopped mid-vend" if not errors else "not heard")
+    # why a maybe: a dispenser's error (the runner's), a vend in flight when the agent stopped
+    # (recovery's), or a vend the sale gave up on unheard (its vend timeout, a drop sensor's
+    # window, a controller reset mid-vend: the give-back's): said as such when all are of one
+    # kind, else "not heard"
+    kinds = {_why(vend.unsure) for vend in late if vend.unsure}
+    why = kinds.pop() if len(kinds) == 1 else "not heard"
     said = []
     if heard:
         said.append(f"{heard} product(s) dispensed after the sale gave up waiting")
@@ -92,12 +102,31 @@ def _counted(late: list[LateVend]) -> str:
     return " and ".join(said)
 
 
+def _why(unsure: str) -> str:
+    """A maybe's kind, in health's words."""
+    if unsure.startswith("dispenser error"):
+        return "a dispenser's error"
+    if "stopped mid-vend" in unsure:
+        return "the agent stopped mid-vend"
+    return "no vend result heard"
+
+
 def late_vend_of(steps: Iterable[StepRecord]) -> LateVend | None:
     """The last late vend among one sale's steps (acknowledged or not), or None."""
     found = None
     for step in steps:
-        if step.step == Step.LATE_VEND:
-            found = _late_vend(step)
+        found = _next(found, step)
+    return found
+
+
+def _next(found: LateVend | None, step: StepRecord) -> LateVend | None:
+    """A sale's late vend so far, after one more of its steps: a late vend replaces it (the
+    last is what every face shows), the machine's word that the vend failed closes a maybe."""
+    if step.step == Step.LATE_VEND:
+        return _late_vend(step)
+    if (found is not None and found.unsure and step.step == Step.LATE_VEND_SEEN
+            and step.detail.get("not_vended")):
+        return dataclasses.replace(found, not_vended=str(step.detail["not_vended"]))
     return found
 
 
@@ -120,10 +149,12 @@ def late_vended(journal: Journal) -> dict[str, LateVend]:
     """Every sale the journal holds a late vend for, acknowledged or not, by sale id (its last
     one): what the sales list, ``sales show`` and the export say of the sale. The steps come
     from their own partial index (a handful in a journal of years)."""
-    return {
-        step.sale_id: _late_vend(step)
-        for step in journal.late_vend_steps(0.0) if step.step == Step.LATE_VEND
-    }
+    found: dict[str, LateVend] = {}
+    for step in journal.late_vend_steps(0.0):
+        late = _next(found.get(step.sale_id), step)
+        if late is not None:
+            found[step.sale_id] = late
+    return found
 
 
 class LateVendWatch:
@@ -160,6 +191,33 @@ class LateVendWatch:
                         "out: told to a person", sale_id, detail.get("unsure"),
                         detail.get("product") or "(unnamed)")
         self.heard_count += 1
+        self._tell()
+
+    def not_vended(self, sale_id: str, source: str, why: str) -> None:
+        """The machine said ``sale_id``'s vend failed after the sale gave up on it: a maybe a
+        person was told of (its last late vend, not yet seen) is closed on the sale, journaled
+        as seen by ``MACHINE`` with what it said: health and `sales late-vends` no longer show
+        it, the sale's line says nothing went out. A late vend heard, or none: left as it is."""
+        try:
+            steps = self.journal.steps(sale_id)
+            record = self.journal.get(sale_id)
+        except (JournalError, sqlite3.Error) as err:
+            _LOGGER.error("sale %s: its failed vend could not be read: %s", sale_id, err)
+            return
+        late = late_vend_of(steps)
+        last = next((s for s in reversed(steps) if s.step in (
+            Step.LATE_VEND, Step.LATE_VEND_SEEN)), None)
+        if record is None or late is None or not late.unsure or last is None or (
+                last.step != Step.LATE_VEND):
+            return  # no maybe open on it (heard, seen, or never told)
+        try:
+            self.journal.record(record, Step.LATE_VEND_SEEN,
+                                detail={"by": MACHINE, "not_vended": why[:200]})
+        except (JournalError, sqlite3.Error) as err:  # the maybe stays for a person
+            _LOGGER.error("sale %s: its failed vend could not be journaled: %s", sale_id, err)
+            return
+        _LOGGER.info("sale %s: %s said its vend failed (%s): the %s did not go out; no person "
+                     "needed", sale_id, source, why, late.product or "product")
         self._tell()
 
     def _note(self, sale_id: str, detail: dict[str, str]) -> None:

@@ -36,6 +36,7 @@ from kiosk_agent.sales.model import (
     SaleEvent,
     SaleRequest,
     Selection,
+    unheard_end,
 )
 from kiosk_agent.sales.receipts import prints_on_terminal, send_receipts
 from kiosk_agent.sales.states import ReportingSteps, SaleState, Step
@@ -77,6 +78,12 @@ class SaleFlow(SaleSteps):
         # why the dispense may have happened though the dispenser gave no outcome (it raised:
         # a relay may have fired first); the runner tells a person once the money is back
         self.dispense_unsure = ""
+        # whether the machine outlives the agent (SaleRunner.hears_after_restart): a vend the
+        # sale gave up on may go out after the agent stops; the demo's ``virtual`` dies with it
+        self.machine_outlives = True
+        # the maybe (``late.vend`` with ``unsure``) this sale journaled with its dispense.result:
+        # the runner tells health once the sale ended (LateVendWatch.noted)
+        self.maybe_told: dict[str, Any] | None = None
 
     def open(self, detail: Mapping[str, Any]) -> None:
         """Journal the new sale together with its flow's first step, in one commit.
@@ -247,17 +254,25 @@ class SaleFlow(SaleSteps):
     def not_dispensed(self, outcome: DispenseOutcome, price: int, product: str | None,
                       **changes: Any) -> None:
         """The vend not made, as the machine (or its timeout) said: ``dispense.result``. A
-        dispenser that raised (``dispense_unsure``) may have moved the machine first: a person
-        is told (a maybe late vend) in the same commit, before the give-back, so that no kill
-        between them leaves a product out unpaid untold (2026-11-30: the runner journaled it
-        once the sale had ended, after the give-back's commits)."""
-        if not self.dispense_unsure:
+        dispenser that raised (``dispense_unsure``) may have moved the machine first, and a vend
+        the sale gave up waiting for (its vend timeout: ``UNHEARD_ENDS``) may still be made
+        after the agent stops listening (killed, stopped): a person is told (a maybe late vend)
+        in the same commit, before the give-back, so that no kill between them leaves a product
+        out unpaid untold (2026-11-30: the runner journaled the raise's once the sale had ended,
+        after the give-back's commits; a timeout's was told to nobody, only a success heard
+        while the agent lived). A failure the machine said, a vend never sent (the link down),
+        a vend never approved, or a machine that dies with the agent (``virtual``): not told."""
+        why = self.dispense_unsure or (
+            outcome.detail or "no vend result within its vend timeout"
+            if unheard_end(outcome.status, outcome.unheard) and self.machine_outlives
+            and self.record.state is SaleState.DISPENSING else "")
+        if not why:
             self.step(Step.DISPENSE_RESULT, detail=outcome_detail(outcome), **changes)
             return
+        self.maybe_told = maybe_note(product, self.request.source, why, price)
         with self.one_commit():
             self.step(Step.DISPENSE_RESULT, detail=outcome_detail(outcome), **changes)
-            self.step(Step.LATE_VEND, detail=maybe_note(
-                product, self.request.source, self.dispense_unsure, price))
+            self.step(Step.LATE_VEND, detail=self.maybe_told)
 
     async def reverse(self, why: str, told: Mapping[str, Any] | None = None) -> SaleEvent:
         """Give the money back; that needs no terminal, and money given back gets no receipt.
@@ -390,9 +405,12 @@ def declined(result: ChargeResult) -> str:
 
 
 def outcome_detail(outcome: DispenseOutcome) -> dict[str, Any]:
-    return {
+    detail = {
         "status": outcome.status._value_,
         "vended_cents": outcome.vended_cents,
         "product": outcome.product,
         "detail": outcome.detail,
     }
+    if outcome.unheard:  # only where the platform said so (UnheardOutcome): no bytes elsewhere
+        detail["unheard"] = True
+    return detail

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import field
-from typing import Literal, Protocol, runtime_checkable
+from typing import ClassVar, Literal, Protocol, runtime_checkable
 
 from kiosk_agent.data_class import data_class
 from kiosk_agent.money import CURRENCY, format_cents
@@ -26,6 +26,21 @@ class DispenseStatus(enum.StrEnum):
     TIMEOUT = "timeout"  # no result within the vend timeout: treated as not dispensed
 
 
+# The endings of an approved vend with no result heard: the machine may have vended (or still
+# vend) unheard, its money going back; a person is told the product may have gone out (a
+# ``late.vend`` with ``unsure``, sales/late_vends.py ``maybe_note``). Only the sale's own giving
+# up: a failure or cancel the machine said, a vend never sent (the link down: "not approved"),
+# or no vend approved at all (the customer cancelled first) cannot have made one.
+UNHEARD_ENDS = frozenset({"timeout"})
+
+
+def unheard_end(status: object, unheard: object = False) -> bool:
+    """Whether a vend's end (its status, as a ``DispenseStatus`` or journaled) was no word from
+    the machine of how it went: the sale gave up (``UNHEARD_ENDS``), or the platform ended it
+    with the machine mid-vend and its result still to come (``DispenseOutcome.unheard``)."""
+    return status in UNHEARD_ENDS or unheard is True
+
+
 @data_class(frozen=True, slots=True)
 class DispenseOutcome:
     status: DispenseStatus
@@ -34,10 +49,24 @@ class DispenseOutcome:
     vended_cents: int = 0
     product: str | None = None
     detail: str = ""
+    # ended by the platform with the approved vend in the machine's hands and no result from it
+    # (a drop sensor's window that saw nothing, a controller reset mid-vend, a serial device's
+    # cancel line): the machine may still make it, as after a vend timeout (``unheard_end``).
+    # A class's, not a field: :class:`UnheardOutcome` says True; every other outcome, made once
+    # a sale, pays nothing for it (a fifth field: 135 ns more a construction, 2026-11-30)
+    unheard: ClassVar[bool] = False
 
     @property
     def dispensed(self) -> bool:
         return self.status is DispenseStatus.VENDED
+
+
+class UnheardOutcome(DispenseOutcome):
+    """An outcome the platform ended with no word from the machine of the vend's end
+    (``DispenseOutcome.unheard``)."""
+
+    __slots__ = ()
+    unheard: ClassVar[bool] = True
 
 
 @data_class(frozen=True, slots=True)

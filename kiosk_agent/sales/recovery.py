@@ -29,7 +29,7 @@ from kiosk_agent.sales.clock import Anchor
 from kiosk_agent.sales.journal import Journal, JournalError, SaleMoved, SaleRecord, StepRecord
 from kiosk_agent.sales.kinds import CARD_FIRST_PLATFORMS
 from kiosk_agent.sales.late_vends import maybe_note
-from kiosk_agent.sales.model import DispenseStatus, Flow, SaleEvent
+from kiosk_agent.sales.model import UNHEARD_ENDS, DispenseStatus, Flow, SaleEvent, unheard_end
 from kiosk_agent.sales.runner import SaleRunner
 from kiosk_agent.sales.states import SaleState, Step, TransitionRefused
 from kiosk_agent.sales.steps import SaleContext, SaleSteps
@@ -64,12 +64,16 @@ def unheard_vend(record: SaleRecord, steps: list[StepRecord]) -> tuple[str, int]
     price it was approved for), or None: from the journal's facts, whichever path decided the
     give-back. A vend is approved by ``dispense.request`` (selection first: C,VEND;
     ``approved_by_request``), card first by the customer's choice (``dispense.chosen``, its
-    price). Not when the machine said how it ended (``dispense.result``), the vend was confirmed
-    (captured or completed), or a late vend is journaled already (told once)."""
+    price). Not when the machine said how it ended (a ``dispense.result`` other than the sale's
+    own giving up, ``UNHEARD_ENDS``: a timeout is no word from the machine), the vend was
+    confirmed (captured or completed), or a late vend is journaled already (told once)."""
     if record.state is SaleState.COMPLETED or record.vended_cents:
         return None
     names = {s.step for s in steps}
-    if (Step.DISPENSE_REQUEST not in names or Step.DISPENSE_RESULT in names
+    said = any(s.step == Step.DISPENSE_RESULT
+               and not unheard_end(s.detail.get("status"), s.detail.get("unheard"))
+               for s in steps)
+    if (Step.DISPENSE_REQUEST not in names or said
             or Step.LATE_VEND in names or Step.CAPTURE_REQUEST in names):
         return None
     chosen = [s.detail for s in steps if s.step == Step.DISPENSE_CHOSEN]
@@ -347,9 +351,10 @@ class Recovery:
                  "after_restart": True}
         if outcome.status is not DispenseStatus.VENDED:
             steps.step(Step.DISPENSE_RESULT, detail=heard)
-            return await held_or_none(
-                steps, f"dispense {outcome.status.value} {outcome.detail} (heard after the "
-                       "restart)")
+            why = f"dispense {outcome.status.value} {outcome.detail} (heard after the restart)"
+            if outcome.status in UNHEARD_ENDS:  # ended with no word of it (mdb: a selection)
+                return await self._given_back(steps, held_or_none, why)
+            return await held_or_none(steps, why)
         # the price the vend was approved for (asked, or chosen), within what the money holds
         held = record.captured_cents if record.flow == Flow.CHARGE_CARD else (
             record.authorized_cents)

@@ -325,6 +325,12 @@ class SaleRunner:
         person acknowledges it (sales/late_vends.py). No money moves on it."""
         self.late_vends.heard(sale_id, product, source)
 
+    def late_vend_failed(self, sale_id: str, source: str, why: str) -> None:
+        """The machine said ``sale_id``'s vend failed after the sale gave up on it
+        (platforms/base.py ``LateVends.failed``): the maybe a person was told of is closed on
+        the sale (sales/late_vends.py ``LateVendWatch.not_vended``). No money moves on it."""
+        self.late_vends.not_vended(sale_id, source, why)
+
     def prepare_flow(self, flow: Flow) -> None:
         """A trigger's flow from its configuration: its module is imported now, at the start,
         not in its first customer's window."""
@@ -433,6 +439,7 @@ class SaleRunner:
             currency=self.settings.currency,
         )
         flow = flow_class(request.flow)(record, request, dispenser, self.context)
+        flow.machine_outlives = self.hears_after_restart(request.source)
         opened: dict[str, Any] = {"source": request.source, "product": request.product}
         if request.flow is Flow.AUTHORIZE_CAPTURE and not request.product:
             # whether its dispense.request approves a vend, where nothing else in the journal
@@ -515,11 +522,11 @@ class SaleRunner:
     async def _run(self, device: str, flow: SaleFlow) -> SaleEvent:
         try:
             ended = await flow.run()
-            if flow.dispense_unsure:
-                # the dispenser raised: the product may have gone out, its money went back; the
-                # note was journaled with the dispense.result (SaleFlow.not_dispensed): said
-                self.late_vends.noted(ended.sale_id, {"product": flow.request.product,
-                                                      "unsure": flow.dispense_unsure})
+            if flow.maybe_told is not None:
+                # the dispenser raised, or the vend timed out: the product may have gone out, its
+                # money went back; the note was journaled with the dispense.result
+                # (SaleFlow.not_dispensed): said in the log and told to health
+                self.late_vends.noted(ended.sale_id, flow.maybe_told)
             return ended
         except asyncio.CancelledError:
             raise

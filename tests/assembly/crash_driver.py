@@ -400,6 +400,9 @@ class ChaosOptions:
     # the funds, the customer chooses, and the judge holds that the machine's chosen price is
     # what was kept, never the funds (``kept_wrong_amount``).
     card_first: bool = False
+    # every trigger's vend_timeout (and the sales section's): one shorter than some vends
+    # (the machines dispense in 0.05 s) makes live vend timeouts, given back and told as maybes
+    vend_timeout: float = 5.0
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.moments if m not in MOMENTS]
@@ -428,9 +431,12 @@ class ChaosReport:
     states: dict[str, int] = field(default_factory=dict)
     vends: int = 0
     unpaid_vends: list[str] = field(default_factory=list)
-    # sales told "may have dispensed" (a late.vend with ``unsure``) whose machine vended
-    # nothing: false alarms, a person checking the stock for nothing (not a violation: a kill
-    # after the dispense.request commit and before C,VEND left makes one)
+    # sales told "may have dispensed" (a late.vend with ``unsure``), and those the machine's
+    # later failure closed (late.vend.seen by the machine); those of them whose machine vended
+    # nothing, each with its steps: false alarms, a person checking the stock for nothing (not
+    # a violation: a kill after the dispense.request commit and before C,VEND left makes one)
+    maybes: int = 0
+    maybes_closed: int = 0
     maybe_not_vended: list[str] = field(default_factory=list)
     violations: list[Violation] = field(default_factory=list)
     faults_armed: dict[str, int] = field(default_factory=dict)
@@ -454,8 +460,10 @@ class ChaosReport:
             "sales_recovered": self.sales_recovered,
             "violations": len(self.violations),
             "unpaid_vends": len(self.unpaid_vends),
-            "maybe_told_not_vended": len(self.maybe_not_vended),
             "vends": self.vends,
+            "told_maybe": self.maybes,
+            "maybe_false_alarms": len(self.maybe_not_vended),
+            "maybe_closed": self.maybes_closed,
             "unpaid_vend_window_p50_ms": pct(0.5),
             "unpaid_vend_window_p99_ms": pct(0.99),
             "clock_steps": len(self.clock_steps),
@@ -820,7 +828,7 @@ class Chaos:
             mode = f"mode: card_first, max_funds: '{CARD_FIRST_FUNDS}', " if card_first else ""
             triggers.append(
                 f"  - {{platform: mdb, name: m{n}, port: '{port}', terminal: SIM-{n:04d}, "
-                f"flow: {flow}, {mode}vend_timeout: 5, reconnect_max: 0.5}}"
+                f"flow: {flow}, {mode}vend_timeout: {opts.vend_timeout}, reconnect_max: 0.5}}"
             )
         terminals = ", ".join(f"{{device_id: SIM-{n:04d}}}" for n in range(1, len(ports) + 1))
         (self.dir / "config.yaml").write_text(
@@ -842,7 +850,8 @@ class Chaos:
                   timeout: {opts.timeout}
                 terminals: [{terminals}]
                 journal: {{path: {self.disk.journal}}}
-                sales: {{vend_timeout: 5, interaction_lifetime: {180 / opts.time_scale},
+                sales: {{vend_timeout: {opts.vend_timeout},
+                         interaction_lifetime: {180 / opts.time_scale},
                          answer_margin: {2 * opts.slow[1] + 1}, attention_recheck: 2,
                          charge_check_max_give_back: 1000}}
                 admin:
@@ -1398,12 +1407,16 @@ def judge(
                 violate("unpaid_vend_untold", sale,
                         f"the machine vended {vends[0]['product']} for "
                         f"{vends[0]['vended_cents']}c, no money kept and no late.vend on the sale")
-        maybe = [s for s in steps.get(sale.sale_id, [])
-                 if s.step == Step.LATE_VEND and s.detail.get("unsure")]
+        own = steps.get(sale.sale_id, [])
+        maybe = [s for s in own if s.step == Step.LATE_VEND and s.detail.get("unsure")]
+        if maybe:
+            report.maybes += 1
+            report.maybes_closed += any(
+                s.step == Step.LATE_VEND_SEEN and s.detail.get("not_vended") for s in own)
         if maybe and not vends and not report.journal_damaged:
             report.maybe_not_vended.append(
                 f"{sale.sale_id} {sale.source} {sale.state.value} {maybe[0].detail.get('unsure')!r}"
-                " steps: " + " > ".join(s.step for s in steps.get(sale.sale_id, [])))
+                " steps: " + " > ".join(s.step for s in own))
 
 
 # =============================================================================================

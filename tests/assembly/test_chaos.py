@@ -243,6 +243,39 @@ def test_the_judge_names_each_broken_rule_and_counts_unpaid_vends() -> None:
     assert "authorize.request[started]" in hanging.describe()
 
 
+def test_the_judge_counts_maybes_told_their_false_alarms_and_those_the_machine_closed() -> None:
+    """A sale told "may have dispensed" (a late.vend with unsure) is counted; one the machine
+    vended nothing for is a false alarm (a person checks the stock for nothing), one its later
+    failure closed (late.vend.seen by the machine) is counted closed; none is a violation."""
+
+    def noted(sale_id: str, at: float, *more: StepRecord) -> list[StepRecord]:
+        return [*_steps(sale_id, Step.CREATED, Step.DISPENSE_REQUEST, Step.DISPENSE_RESULT,
+                        at=at),
+                StepRecord(sale_id, at + 3, Step.LATE_VEND, SaleState.DISPENSING,
+                           {"product": "A1", "unsure": "no vend result within 0.04 s"}),
+                *more]
+
+    sales = [_sale(n, SaleState.REVERSED) for n in ("went", "nothing", "closed")]
+    steps = {
+        "went": noted("went", 100),
+        "nothing": noted("nothing", 200),
+        "closed": noted("closed", 300, StepRecord(
+            "closed", 304, Step.LATE_VEND_SEEN, SaleState.REVERSED,
+            {"by": "the machine", "not_vended": "vend failed (3)"})),
+    }
+    rows = [_row(f"o-{n}", TransStatus.VOIDED) for n in ("went", "nothing", "closed")]
+    report = ChaosReport()
+
+    judge(report, sales, steps, rows, _vend(1, 101.5))
+
+    assert report.violations == []
+    assert [u.split()[0] for u in report.unpaid_vends] == ["went"]
+    assert (report.maybes, len(report.maybe_not_vended), report.maybes_closed) == (3, 2, 1)
+    summary = report.summary()
+    assert (summary["told_maybe"], summary["maybe_false_alarms"], summary["maybe_closed"]) == (
+        3, 2, 1)
+
+
 def test_a_stepped_journal_time_is_set_back_to_real_time(tmp_path: Path) -> None:
     clock = SteppedClock(tmp_path / "faketime")
     clock.history = [(1000.0, 0.0), (1010.0, 3 * 86_400.0), (1020.0, -7200.0)]
@@ -335,4 +368,4 @@ def test_the_judge_counts_a_maybe_told_where_the_machine_vended_nothing() -> Non
     assert report.violations == []
     assert [u.split()[0] for u in report.unpaid_vends] == ["vended"]
     assert [m.split()[0] for m in report.maybe_not_vended] == ["never"]
-    assert report.summary()["maybe_told_not_vended"] == 1
+    assert report.summary()["maybe_false_alarms"] == 1
