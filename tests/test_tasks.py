@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -191,7 +192,9 @@ async def test_a_cancel_a_library_turned_into_its_error_is_still_asked() -> None
     answer.set_exception(ConnectionRefusedError("not authorized"))
     task.cancel()  # in the same turn
     done, _ = await asyncio.wait({task}, timeout=2)
-    assert len(errors) == 1  # the library did hand back its error in place of the cancel
+    # the library did hand back its error in place of the cancel: Python 3.11's wait_for; from
+    # 3.12 on wait_for is asyncio.timeout's, which lets the cancel through
+    assert len(errors) == (1 if sys.version_info < (3, 12) else 0)
     assert done == {task}, "the cancellation was lost: the loop runs on"
     assert task.cancelled()
 
