@@ -211,7 +211,10 @@ class EagerStart(Generic[T]):
 
     def first_step(self) -> None:
         """Run the work to its first wait now, as its task (once; the maker's caller's task,
-        if any, is current again after it)."""
+        if any, is current again after it). Nothing, when the task has stepped already (a loop
+        whose task factory starts tasks eagerly ran it in the making)."""
+        if self._resumed.started:
+            return
         loop = self.task.get_loop()
         caller = asyncio.current_task(loop)
         if caller is not None:
@@ -236,6 +239,7 @@ class _Resumed(Coroutine[Any, Any, T]):
     def __init__(self, work: Coroutine[Any, Any, T]) -> None:
         self._work = work
         self._first: tuple[int, Any] | None = None  # what the hand-run first step ended on
+        self.started = False  # the work has stepped (by hand, or by its task)
         # the work's name, as a coroutine has it (a task factory, the task's repr read it)
         self.__qualname__ = getattr(work, "__qualname__", type(work).__qualname__)
 
@@ -243,8 +247,9 @@ class _Resumed(Coroutine[Any, Any, T]):
         return repr(self._work)
 
     def step_first(self) -> None:
-        if self._first is not None:
+        if self.started:
             raise RuntimeError("the first step has run")
+        self.started = True
         try:
             self._first = (_WAITS, self._work.send(None))
         except StopIteration as ended:
@@ -258,6 +263,7 @@ class _Resumed(Coroutine[Any, Any, T]):
     def send(self, value: Any) -> Any:
         first, self._first = self._first, None
         if first is None:  # not run by hand (or run and taken over): the work's own
+            self.started = True
             return self._work.send(value)
         kind, what = first
         if kind == _WAITS:
@@ -268,6 +274,7 @@ class _Resumed(Coroutine[Any, Any, T]):
 
     def throw(self, kind: Any, value: Any = None, traceback: Any = None) -> Any:
         first, self._first = self._first, None
+        self.started = True
         if first is not None and first[0] == _WAITS:
             waiting_on = first[1]
             if isinstance(waiting_on, asyncio.Future) and not waiting_on.done():
@@ -282,6 +289,7 @@ class _Resumed(Coroutine[Any, Any, T]):
 
     def close(self) -> None:
         self._first = None
+        self.started = True
         self._work.close()
 
     def __await__(self) -> Generator[Any, None, T]:
