@@ -277,8 +277,15 @@ class _Resumed(Coroutine[Any, Any, T]):
         self.started = True
         if first is not None and first[0] == _WAITS:
             waiting_on = first[1]
-            if isinstance(waiting_on, asyncio.Future) and not waiting_on.done():
-                waiting_on.cancel()  # as a cancel of a task waiting on it would
+            cancel = isinstance(kind, asyncio.CancelledError) or kind is asyncio.CancelledError
+            if cancel and isinstance(waiting_on, asyncio.Future) and not waiting_on.done():
+                # as a task's cancel does: what it waits on is cancelled, and the task waits on
+                # it to its end (a task awaited ends its cleanup first), then hears how it ended
+                # where it awaits it
+                error = kind if isinstance(kind, BaseException) else value
+                message = error.args[0] if error is not None and error.args else None
+                if waiting_on.cancel(message):
+                    return waiting_on
         elif first is not None:  # the work ended in its first step: a cancel finds it ended
             if first[0] == _RETURNED:
                 raise StopIteration(first[1])

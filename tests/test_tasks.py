@@ -487,6 +487,36 @@ async def test_a_cancel_before_an_eager_tasks_scheduled_step_reaches_the_work_wh
     assert waited_on[0].cancelled()  # what it waited on is cancelled, as a task's cancel does
 
 
+async def test_a_cancel_before_an_eager_tasks_scheduled_step_waits_for_the_task_it_awaits() -> None:
+    # a task's cancel cancels what it waits on and waits for that to end (a task awaited: its
+    # own cleanup first, as it would for a task made by create_task); the eager task did not
+    # wait: its await raised at once while the task it awaited still cleaned up
+    steps: list[str] = []
+
+    async def inner() -> None:
+        try:
+            await asyncio.get_running_loop().create_future()
+        finally:
+            await asyncio.sleep(0)  # a cleanup that takes a turn (a socket's close)
+            steps.append("inner cleaned")
+
+    waiting = asyncio.ensure_future(inner())
+    await asyncio.sleep(0)  # the inner task waits now
+
+    async def work() -> None:
+        try:
+            await waiting
+        finally:
+            steps.append("work cleaned")
+
+    starting = EagerStart(work())
+    starting.first_step()
+    starting.task.cancel("the customer cancelled")  # before the task's scheduled step
+    with pytest.raises(asyncio.CancelledError):
+        await starting.task
+    assert steps == ["inner cleaned", "work cleaned"]
+
+
 async def test_a_cancel_inside_an_eager_first_step_reaches_its_first_wait() -> None:
     # the work cancels its task (a stop, the customer's cancel heard within the step) or its own
     # timeout has passed by its first wait: as in a task made by create_task
