@@ -195,9 +195,10 @@ class EagerStart(Generic[T]):
     making, before the maker has said where the task is kept. Here the maker keeps the task
     first, then runs the step; the task's first scheduled step takes over where it waits.
 
-    A cancel that comes before that scheduled step reaches the work where it waits (what it
-    waits on is cancelled, as a task's cancel does); an error of the first step is the task's,
-    raised where it is awaited. The step runs in the task's own copy of the context."""
+    A cancel that comes before that scheduled step reaches the work where it waits, as a task's
+    cancel does: what it waits on is cancelled and waited for to its end (a task it awaits ends
+    its cleanup first); an error of the first step is the task's, raised where it is awaited.
+    The step runs in the task's own copy of the context."""
 
     __slots__ = ("_context", "_resumed", "task")
 
