@@ -257,8 +257,11 @@ class _Resumed(Coroutine[Any, Any, T]):
             self._first = (_RETURNED, ended.value)
         except (Exception, asyncio.CancelledError) as err:  # noqa: BLE001 - the task's, as awaited
             self._first = (_RAISED, err)
-        except BaseException as err:  # KeyboardInterrupt, SystemExit: the task's and now
-            self._first = (_RAISED, err)
+        except BaseException as err:  # KeyboardInterrupt, SystemExit: out of the maker's turn,
+            # once, as out of a task's step; the task then ends cancelled (raised again at its
+            # scheduled step, it went out of asyncio.run's cleanup a second time)
+            stopped = asyncio.CancelledError(f"its first step raised {type(err).__name__}")
+            self._first = (_RAISED, stopped)
             raise
 
     def send(self, value: Any) -> Any:

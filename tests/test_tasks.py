@@ -635,3 +635,35 @@ async def test_an_eager_start_under_an_eager_task_factory_runs_its_first_step_on
     go.set_result(None)
     assert await starting.task == "done"
     assert steps == ["first", "on", "second"]
+
+
+def test_an_eager_first_steps_system_exit_leaves_the_loop_once() -> None:
+    # SystemExit (or KeyboardInterrupt) in the first step goes out of the maker's turn at once,
+    # as out of a task's step; the task then ends cancelled: its scheduled step must not raise
+    # it a second time out of asyncio.run's own cleanup (which cancels the tasks left, then
+    # closes the async generators and the executor)
+    loop = asyncio.new_event_loop()
+    made: list[EagerStart[None]] = []
+
+    async def exits() -> None:
+        raise SystemExit(3)
+
+    def on_line() -> None:
+        made.append(EagerStart(exits()))
+        made[0].first_step()
+
+    async def idle() -> None:
+        await asyncio.sleep(5)
+
+    try:
+        loop.call_soon(on_line)
+        with pytest.raises(SystemExit):
+            loop.run_until_complete(idle())
+        [starting] = made
+        loop.run_until_complete(asyncio.wait({starting.task}, timeout=1))  # once, not again
+        assert starting.task.cancelled()
+    finally:
+        for task in asyncio.all_tasks(loop):
+            task.cancel()
+        loop.run_until_complete(asyncio.sleep(0))
+        loop.close()
