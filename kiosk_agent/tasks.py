@@ -195,9 +195,10 @@ class EagerStart(Generic[T]):
     making, before the maker has said where the task is kept. Here the maker keeps the task
     first, then runs the step; the task's first scheduled step takes over where it waits.
 
-    A cancel that comes before that scheduled step reaches the work where it waits (what it
-    waits on is cancelled, as a task's cancel does); an error of the first step is the task's,
-    raised where it is awaited. The step runs in the task's own copy of the context."""
+    A cancel that comes before that scheduled step reaches the work where it waits, as a task's
+    cancel does: what it waits on is cancelled and waited for to its end (a task it awaits ends
+    its cleanup first); an error of the first step is the task's, raised where it is awaited.
+    The step runs in the task's own copy of the context."""
 
     __slots__ = ("_context", "_resumed", "task")
 
@@ -211,7 +212,10 @@ class EagerStart(Generic[T]):
 
     def first_step(self) -> None:
         """Run the work to its first wait now, as its task (once; the maker's caller's task,
-        if any, is current again after it)."""
+        if any, is current again after it). Nothing, when the task has stepped already (a loop
+        whose task factory starts tasks eagerly ran it in the making)."""
+        if self._resumed.started:
+            return
         loop = self.task.get_loop()
         caller = asyncio.current_task(loop)
         if caller is not None:
@@ -236,6 +240,7 @@ class _Resumed(Coroutine[Any, Any, T]):
     def __init__(self, work: Coroutine[Any, Any, T]) -> None:
         self._work = work
         self._first: tuple[int, Any] | None = None  # what the hand-run first step ended on
+        self.started = False  # the work has stepped (by hand, or by its task)
         # the work's name, as a coroutine has it (a task factory, the task's repr read it)
         self.__qualname__ = getattr(work, "__qualname__", type(work).__qualname__)
 
@@ -243,21 +248,26 @@ class _Resumed(Coroutine[Any, Any, T]):
         return repr(self._work)
 
     def step_first(self) -> None:
-        if self._first is not None:
+        if self.started:
             raise RuntimeError("the first step has run")
+        self.started = True
         try:
             self._first = (_WAITS, self._work.send(None))
         except StopIteration as ended:
             self._first = (_RETURNED, ended.value)
         except (Exception, asyncio.CancelledError) as err:  # noqa: BLE001 - the task's, as awaited
             self._first = (_RAISED, err)
-        except BaseException as err:  # KeyboardInterrupt, SystemExit: the task's and now
-            self._first = (_RAISED, err)
+        except BaseException as err:  # KeyboardInterrupt, SystemExit: out of the maker's turn,
+            # once, as out of a task's step; the task then ends cancelled (raised again at its
+            # scheduled step, it went out of asyncio.run's cleanup a second time)
+            stopped = asyncio.CancelledError(f"its first step raised {type(err).__name__}")
+            self._first = (_RAISED, stopped)
             raise
 
     def send(self, value: Any) -> Any:
         first, self._first = self._first, None
         if first is None:  # not run by hand (or run and taken over): the work's own
+            self.started = True
             return self._work.send(value)
         kind, what = first
         if kind == _WAITS:
@@ -268,10 +278,18 @@ class _Resumed(Coroutine[Any, Any, T]):
 
     def throw(self, kind: Any, value: Any = None, traceback: Any = None) -> Any:
         first, self._first = self._first, None
+        self.started = True
         if first is not None and first[0] == _WAITS:
             waiting_on = first[1]
-            if isinstance(waiting_on, asyncio.Future) and not waiting_on.done():
-                waiting_on.cancel()  # as a cancel of a task waiting on it would
+            cancel = isinstance(kind, asyncio.CancelledError) or kind is asyncio.CancelledError
+            if cancel and isinstance(waiting_on, asyncio.Future) and not waiting_on.done():
+                # as a task's cancel does: what it waits on is cancelled, and the task waits on
+                # it to its end (a task awaited ends its cleanup first), then hears how it ended
+                # where it awaits it
+                error = kind if isinstance(kind, BaseException) else value
+                message = error.args[0] if error is not None and error.args else None
+                if waiting_on.cancel(message):
+                    return waiting_on
         elif first is not None:  # the work ended in its first step: a cancel finds it ended
             if first[0] == _RETURNED:
                 raise StopIteration(first[1])
@@ -282,6 +300,7 @@ class _Resumed(Coroutine[Any, Any, T]):
 
     def close(self) -> None:
         self._first = None
+        self.started = True
         self._work.close()
 
     def __await__(self) -> Generator[Any, None, T]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import sys
 import threading
 import time
 from pathlib import Path
@@ -399,7 +400,11 @@ async def test_a_vend_requests_sale_is_journaled_and_running_in_the_turn_its_lin
             link._on_line = real_on_line
         assert visit.outcome is VisitOutcome.VENDED
         assert at_its_line == [[("reading_card", "A2")]]
-        assert made == ["SaleRunner._run", "ClientRequest.write_bytes"]
+        # aiohttp writes the body in a task of its own: on Python 3.11 made by the loop's task
+        # factory (on the wire a turn later), from 3.12 on started eagerly, past the factory
+        # (written inside the line's callback, as the sale's first step runs there)
+        writer = ["ClientRequest.write_bytes"] if sys.version_info < (3, 12) else []
+        assert made == ["SaleRunner._run", *writer]
         # the platform still follows the sale to its end: the session is over, the sale done
         await until(lambda: platform.status()["session"] is None)
         await until_final(agent, agent.journal.query()[0].sale_id)

@@ -1713,3 +1713,30 @@ def test_any_sale_body_is_answered_as_before_the_plain_sales_cut(
     })  # fmt: skip
     api = KioskApi(None, config)
     assert _checked_now(api, body) == _checked_as_before(api, body)
+
+
+async def test_a_sale_the_202_named_is_known_to_the_apps_next_request_and_its_stream(
+    app: App,
+) -> None:
+    # 8a1e44a publishes a sale's opening two loop turns after its commit, once its read-card
+    # request is on the wire, and the 202 is written in the commit's turn: the app's very next
+    # request (read from the socket a turn later at the soonest, its handler run after that)
+    # finds the sale as the journal holds it, never a 404, and its stream starts from that step
+    status, started = await app.post("/sales", {"amount": 305, "flow": "authorize_capture"})
+    assert status == 202
+    sale_id = started["sale_id"]
+    status, latest = await app.get(f"/sales/{sale_id}")
+    record = app.api.agent.journal.get(sale_id)
+    assert record is not None
+    assert status == 200
+    assert latest["state"] == record.state.value == "reading_card"
+    async with app.sale_stream(sale_id) as ws:
+        first = await asyncio.wait_for(ws.receive_json(), 10)
+        assert first["state"] == "reading_card"
+        status, answer = await app.post(f"/sales/{sale_id}/cancel", {})
+        assert (status, answer["cancelled"]) == (202, True)
+        rest = [message.json() async for message in ws]
+    assert rest[-1]["state"] == "cancelled"
+    final = app.api.agent.journal.get(sale_id)
+    assert final is not None
+    assert final.state.value == "cancelled"

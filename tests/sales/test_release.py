@@ -547,3 +547,54 @@ async def test_the_next_sales_ids_are_made_at_the_last_ones_release_not_in_the_v
     assert third.order_id.startswith("KAABCDEF0042-")
     assert unit.made_here(third.order_id)
     await asyncio.wait_for(third.result(), WAIT_S)
+
+
+async def test_ids_made_ahead_go_to_one_sale_each_at_two_terminals_and_are_drawn_again_if_card_like(
+    agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An attack on c8dfb98 (the next sale's ids made at the last one's release). Money: an order
+    # id the service saw before answers with that charge (idempotent replay), so ids made ahead
+    # must go to one sale only, whichever terminal starts next; and the draw made at a release
+    # is held to the log's card-number check as one made in the vend request's turn is
+    import types
+    import uuid
+
+    from kiosk_agent.sales import runner
+
+    card_like = "4111111111111111" + "abcdef0123456789"  # 16 digits in a row: a card's look
+    queued: list[str] = []
+    drawn: list[str] = []
+
+    def uuid4() -> Any:
+        value = queued.pop(0) if queued else uuid.uuid4().hex
+        drawn.append(value)
+        return types.SimpleNamespace(hex=value)
+
+    monkeypatch.setattr(runner, "uuid", types.SimpleNamespace(uuid4=uuid4))
+    here = await agent.sales.start(vend(300), ScriptedDispenser(vended_cents=300))
+    there = await agent.sales.start(vend(320, "SIM-0007"), ScriptedDispenser(vended_cents=320))
+    queued.append(card_like)  # the next draw, the one made at the first release
+    await asyncio.wait_for(here.terminal_released(), WAIT_S)
+    await asyncio.wait_for(there.terminal_released(), WAIT_S)
+    assert queued == []  # drawn at a release,
+    assert card_like in drawn  # and drawn again
+    made_ahead = len(drawn)
+    after_there = await agent.sales.start(
+        vend(310, "SIM-0007"), ScriptedDispenser(vended_cents=310)
+    )
+    after_here = await agent.sales.start(vend(315), ScriptedDispenser(vended_cents=315))
+    assert len(drawn) == made_ahead + 1  # one took the ids made ahead, the other made its own
+    sales = [here, there, after_there, after_here]
+    finals = await asyncio.wait_for(asyncio.gather(*(s.result() for s in sales)), WAIT_S)
+    assert [f.state for f in finals] == [SaleState.COMPLETED] * 4
+    assert len({s.sale_id for s in sales}) == len({s.order_id for s in sales}) == 4
+    for sale in sales:
+        assert runner._CARD_LIKE.search(sale.sale_id) is None
+        assert runner._CARD_LIKE.search(sale.order_id) is None
+        assert card_like not in sale.sale_id
+        assert agent.sales.context.unit.made_here(sale.order_id)
+    # at the service: one charge each, of its own sale's amount, captured
+    for sale, cents in zip(sales, (300, 320, 310, 315), strict=True):
+        [row] = await ledger(agent, sale.order_id)
+        assert row.status is TransStatus.CAPTURED
+        assert row.amount_cents == cents
