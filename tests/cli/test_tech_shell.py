@@ -188,6 +188,8 @@ async def test_a_shell_holding_the_write_lock_is_named_and_the_readers_never_wai
                 await asyncio.sleep(0.1)
         assert said["writable"] is False
         assert holder in said["detail"], said
+        # in the words of the first refusal: a reader's reason does not change at each probe
+        assert said["detail"].startswith(f"cannot write the journal at {journal}: "), said
         await shell.run("ROLLBACK;")
         await agent.wait_for_log("journal takes writes again")
         await agent.wait_for_log("terminal SIM-0001 back in service")
