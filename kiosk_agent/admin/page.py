@@ -860,6 +860,14 @@ def _changed(before: dict[str, Any] | None, after: dict[str, Any]) -> bool:
     return before is None or _stable(before) != _stable(after)
 
 
+def health_changed(before: dict[str, Any] | None, after: dict[str, Any]) -> bool:
+    """Whether the health itself changed (not its clock, uptime or key countdown): the rule the
+    stream sends ``health`` by, and the one `health --watch` prints by. The stream sends it also
+    when only the page's platforms moved (a machine's tally, each customer), which health does
+    not show."""
+    return _changed(before, after)
+
+
 def _stable(snapshot: dict[str, Any]) -> dict[str, Any]:
     """A snapshot without the fields that move every instant (clock, uptime, key countdown)."""
     service = {k: v for k, v in snapshot["service"].items() if k != "key_expires_in_s"}

@@ -783,8 +783,12 @@ class Agent:
         try:
             self.event_log.probe()
         except sqlite3.Error as err:  # a lock another process holds is named, as any write's
-            self.journal_guard.written(self.journal.refusal(err))
-            raise
+            refused = self.journal.refusal(err)
+            self.journal_guard.written(refused)
+            # raised named too: the checker's report of it is health's journal detail (before,
+            # its bare "database is locked" took the holder's name out of health a second after
+            # the first refusal had said it)
+            raise refused from err
         except Exception as err:
             self.journal_guard.written(JournalError(f"cannot write the journal at "
                                                     f"{self.journal.path}: {err}"))

@@ -162,16 +162,24 @@ def say_gap(data: dict[str, Any]) -> None:
 
 async def watch_health(args: argparse.Namespace) -> int:
     """``health --watch``: the snapshot again whenever it changes, until Ctrl-C."""
+    from kiosk_agent.admin.page import health_changed
     from kiosk_agent.cli.fleet import format_health
     from kiosk_agent.text import for_terminal
 
     as_json = wants_json(args)
+    printed: list[dict[str, Any]] = []  # the last snapshot printed
 
     def show(kind: str, data: dict[str, Any]) -> None:
         # a gap in the stream loses sale steps, not health: each snapshot is whole
         if kind != "health":
             return
         snapshot = data["health"]
+        # the stream sends health again when only the status page's platforms moved (each
+        # customer of a machine): the same health printed again is no change (before, a busy
+        # demo's watch printed 46 snapshots in 8 s, 31 the same as the one before)
+        if printed and not health_changed(printed[0], snapshot):
+            return
+        printed[:] = [snapshot]
         if as_json:  # as `health --json` gives it: times in ISO 8601 UTC
             print(json.dumps(stream_json(snapshot)), flush=True)
             return

@@ -859,7 +859,12 @@ class HealthChecker:
         try:
             probe()
         except Exception as err:  # noqa: BLE001 - whatever stops a write: not writable
-            self._health.report_journal(False, _describe(err))
+            from kiosk_agent.sales.journal import JournalError
+
+            # the journal's own refusal says what failed in its words (the holder of its lock
+            # named), as the first refusal said it: the readers' reasons keep the same words
+            said = str(err) if isinstance(err, JournalError) else _describe(err)
+            self._health.report_journal(False, said)
         else:
             self._health.report_journal(True)
 

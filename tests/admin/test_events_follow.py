@@ -139,6 +139,41 @@ async def test_health_watch_prints_the_health_again_when_it_changes(
     assert "Traceback" not in err
 
 
+async def test_health_watch_prints_no_health_again_when_only_the_pages_platforms_moved(
+    agent: Any, admin_server: Any, quiet_stream: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stream sends ``health`` again when only the page's platforms moved (a machine's
+    tally, at each customer): `health --watch` prints health when health changed. Before, a
+    busy demo's watch printed the same health again and again (31 of 46 snapshots in 8 s)."""
+    tally = {"customers": 0}
+    looks: list[int] = []  # the stream's looks at the platforms, each with the tally it saw
+
+    def platforms() -> list[dict[str, Any]]:
+        looks.append(tally["customers"])
+        return [{"name": "virtual:snacks", "status": {"virtual": dict(tally)}}]
+
+    monkeypatch.setattr(admin_server.page, "_platforms", platforms)
+    proc = await _follow(admin_server, "health", "--watch", "--json")
+    try:
+        assert proc.stdout is not None
+        first = json.loads(await asyncio.wait_for(proc.stdout.readline(), WAIT_S))
+        for customer in (1, 2, 3):  # each a health event sent again, the health the same
+            tally["customers"] = customer
+            seen = len([c for c in looks if c == customer])
+            async with asyncio.timeout(WAIT_S):  # sent, and the stream's next look after it
+                while len([c for c in looks if c == customer]) < seen + 2:
+                    await asyncio.sleep(0.02)
+        agent.health.report_terminal("SIM-0001", online=False, detail="ping: terminal offline")
+        second = json.loads(await asyncio.wait_for(proc.stdout.readline(), WAIT_S))
+        code, err = await _interrupt(proc)
+    finally:
+        await stop(proc)
+    assert first["status"] == "ok"
+    assert second["status"] == "degraded"  # the next line printed: no "ok" again between
+    assert code == 130
+    assert "Traceback" not in err
+
+
 def test_a_terminal_the_agent_does_not_have_is_named_once() -> None:
     health = {"terminals": [{"device_id": "SIM-0001", "name": "front"},
                             {"device_id": "SIM-0007", "name": None}]}

@@ -103,6 +103,16 @@ async def health_answers_within(port: int, seconds: float) -> bool:
     return time.monotonic() - began < seconds
 
 
+async def journal_health(port: int) -> dict[str, Any]:
+    """The agent's /api/health ``journal`` part, as `kiosk-agent health` shows it."""
+    token = {"Authorization": "Bearer an-admin-token-of-at-least-24-chars"}
+    async with aiohttp.ClientSession() as http, http.get(
+        f"http://127.0.0.1:{port}/api/health", headers=token
+    ) as answer:
+        journal: dict[str, Any] = (await answer.json())["journal"]
+    return journal
+
+
 def completed(journal: Path) -> set[str]:
     return {sale for sale, state in states(journal).items() if state == "completed"}
 
@@ -131,7 +141,10 @@ async def test_a_shell_holding_the_write_lock_is_named_and_the_readers_never_wai
     sim = await sim_factory(time_scale=50, seed=3, transactions=0)
     journal = tmp_path / "journal.db"
     port = free_port()
-    agent = AgentProcess(write_config(tmp_path, sim, journal, MACHINE + admin(port)), sim)
+    # the checker's rounds (each probes the journal) a second apart, not a minute
+    checker = "health:\n  ping_interval: 1\n"
+    agent = AgentProcess(write_config(tmp_path, sim, journal, MACHINE + admin(port) + checker),
+                         sim)
     shell = Shell(journal)
     try:
         await agent.start()
@@ -162,6 +175,21 @@ async def test_a_shell_holding_the_write_lock_is_named_and_the_readers_never_wai
         # admin API answers (it stood still up to 15 s at a time, 20 s of 20, before)
         for _ in range(5):
             assert await health_answers_within(port, 4.0)
+        # health names the holder as the log does, also once the checker's journal probe has
+        # met the lock (the first refusal wakes it): before, the probe's bare "database is
+        # locked" replaced the name in health's journal detail a second after it was said
+        holder = f"held by another process: pid {shell.proc.pid}: {SQLITE3} {journal}"
+        async with asyncio.timeout(30):
+            while (said := await journal_health(port))["detail"] == "" or said["writable"]:
+                await asyncio.sleep(0.1)
+        probed = said["checked_at"]
+        async with asyncio.timeout(30):  # a probe round after the one that said it first
+            while (said := await journal_health(port))["checked_at"] == probed:
+                await asyncio.sleep(0.1)
+        assert said["writable"] is False
+        assert holder in said["detail"], said
+        # in the words of the first refusal: a reader's reason does not change at each probe
+        assert said["detail"].startswith(f"cannot write the journal at {journal}: "), said
         await shell.run("ROLLBACK;")
         await agent.wait_for_log("journal takes writes again")
         await agent.wait_for_log("terminal SIM-0001 back in service")
