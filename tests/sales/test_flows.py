@@ -1079,8 +1079,12 @@ async def test_the_steps_a_request_leads_from_are_published_once_it_is_on_the_wi
         (Flow.AUTHORIZE_CAPTURE, {
             b"/read-card ": (Step.CREATED, Step.READ_CARD_REQUEST),
             b"/api/v1/charge ": (Step.READ_CARD_DONE, Step.AUTHORIZE_REQUEST),
+            b"dispense": (Step.AUTHORIZE_APPROVED, Step.DISPENSE_REQUEST),
         }),
-        (Flow.CHARGE_CARD, {b"/charge-card ": (Step.CREATED, Step.CHARGE_CARD_REQUEST)}),
+        (Flow.CHARGE_CARD, {
+            b"/charge-card ": (Step.CREATED, Step.CHARGE_CARD_REQUEST),
+            b"dispense": (Step.CHARGE_CARD_APPROVED, Step.DISPENSE_REQUEST),
+        }),
     ],
     ids=["authorize_capture", "charge_card"],
 )
@@ -1088,9 +1092,10 @@ async def test_the_events_of_steps_published_after_a_send_are_made_after_it(
     agent: Agent, monkeypatch: pytest.MonkeyPatch, flow: Flow,
     made_after: dict[bytes, tuple[Step, ...]],
 ) -> None:
-    # The steps a request leads from are published once it is on the wire: their events are
-    # made then too, not in the customer's wait before the send (two a commit, i41-seg1). Each
-    # event is made once: the one a listener hears is the one a sale's end returns.
+    # The steps a request leads from are published once it is on the wire, the approval with
+    # the vend's request once the machine is told (the dispense called): their events are made
+    # then too, not in the customer's wait before it (two a commit, i41-seg1). Each event is
+    # made once: the one a listener hears is the one a sale's end returns.
     import asyncio.selector_events as selector_events
 
     from kiosk_agent.sales import steps as steps_module
@@ -1110,12 +1115,17 @@ async def test_the_events_of_steps_published_after_a_send_are_made_after_it(
         seen.append(("made", step))
         return real_event_of(record, step, clock=clock)
 
+    class Told(ScriptedDispenser):
+        async def dispense(self, authorized_cents: int) -> DispenseOutcome:
+            seen.append(("written", b"dispense"))  # the machine's approve, in the field
+            return await super().dispense(authorized_cents)
+
     monkeypatch.setattr(selector_events._SelectorSocketTransport, "write", write)
     monkeypatch.setattr(steps_module, "event_of", event_of)
     heard: list[Any] = []
     stop = agent.events.listen(heard.append)
     try:
-        event = await sell(agent, 250, ScriptedDispenser(), flow=flow)
+        event = await sell(agent, 250, Told(), flow=flow)
     finally:
         stop()
     assert event.state is SaleState.COMPLETED
