@@ -22,7 +22,7 @@ from kiosk_agent.data_class import data_class, maker_from
 from kiosk_agent.moments import display_clock
 from kiosk_agent.money import format_cents
 from kiosk_agent.redact import redact
-from kiosk_agent.sales.answers import CAPTURE_WAITS_FOR_CUSTOMER_S, WaitingCustomers
+from kiosk_agent.sales.answers import WaitingCustomers
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.deadlines import AnswerDeadlines
 from kiosk_agent.sales.journal import HeldStep, Journal, JournalError, SaleMoved, SaleRecord
@@ -950,31 +950,22 @@ class SaleSteps:
 
         The confirmed vend is on disk as early as before; the capture itself is back-office work:
         sent once no other customer waits for their machine's answer, a second at most
-        (sales/answers.py). A kill in that wait leaves CAPTURING for recovery to settle. The
-        request and the completion each share another commit's fsync
-        (:meth:`durable_then_announced`): the request waits for no customer first, then for
-        its fsync (a waiting customer's commit made it durable meanwhile), so that this task
-        does not wake in that customer's window when their commit fsyncs it; only then is it
-        published and the capture sent, as before."""
+        (sales/answers.py). A kill in that wait leaves CAPTURING for recovery to settle. Its
+        completion shares another commit's fsync (:meth:`durable_then_announced`)."""
         trans_id = self.record.trans_id
         if trans_id is None:
             raise RuntimeError(f"sale {self.record.sale_id}: a capture without a transaction id")
         self.require_own()
         named = self.named((vend or {}).get("product"))
-        customers, began = self.context.customers, self.clock.monotonic()
-        await self.durable_then_announced(
-            lambda: self.step(
-                Step.CAPTURE_REQUEST,
-                SaleState.CAPTURING,
-                detail={"trans_id": trans_id, "cents": cents, **(vend or {})},
-                vended_cents=cents,
-                **named,
-            ),
-            customers.none_waiting,
+        await self.step_fsync_shared(
+            Step.CAPTURE_REQUEST,
+            SaleState.CAPTURING,
+            detail={"trans_id": trans_id, "cents": cents, **(vend or {})},
+            vended_cents=cents,
+            **named,
         )
-        left = CAPTURE_WAITS_FOR_CUSTOMER_S - (self.clock.monotonic() - began)
-        if customers.waiting() and left > 0:  # one came while it was made durable: the bound
-            await customers.none_waiting(left)  # is the one second from the request on disk
+        customers = self.context.customers
+        await customers.none_waiting()
         try:
             result = await self.service.payments.capture(trans_id, amount=cents)
         except ServiceError as err:
