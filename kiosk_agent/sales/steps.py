@@ -235,11 +235,12 @@ class SaleSteps:
         self.held: list[HeldStep] = []
         # inside one_commit() (or durable_then_announced()): its steps so far
         self._batch: list[_Taken] | None = None
-        self._held: list[SaleEvent] | None = None  # inside one_commit(): published after it
+        # inside one_commit(): its steps' announcements, published after it
+        self._held: list[_Announcement] | None = None
         # published at the loop's next turn (one_commit(announce_next_turn=True)); any later
         # event of the sale joins them, so its events stay in order
-        self._next_turn: list[SaleEvent] | None = None
-        self.announced: SaleEvent | None = None  # the event of the last step journaled
+        self._next_turn: list[SaleEvent | _Announcement] | None = None
+        self._announced: _Announcement | None = None  # the last step journaled
         # inside durable_then_announced(): the log lines of the sale's end, said once durable
         self._ends_held: list[Callable[[], None]] | None = None
 
@@ -288,13 +289,21 @@ class SaleSteps:
         self._announce(name)
         return self.record
 
+    @property
+    def announced(self) -> SaleEvent | None:
+        """The event of the last step journaled (the one published, made once)."""
+        announced = self._announced
+        return None if announced is None else announced.event(self.clock)
+
     def _announce(self, name: Step) -> None:
-        """Publish a journaled step; inside one_commit(), once the commit holds it."""
-        event = self.announced = event_of(self.record, name, clock=self.clock)
+        """Publish a journaled step; inside one_commit(), once the commit holds it. Its event is
+        made when it is published (or asked for): a step published after its request is sent
+        makes its event after the send, not in the customer's wait before it."""
+        announced = self._announced = _Announcement(self.record, name)
         if self._held is not None:
-            self._held.append(event)
+            self._held.append(announced)
         else:
-            self.publish_event(event)
+            self.publish_event(announced.event(self.clock))
 
     def one_commit(
         self, *, announce_next_turn: bool = False, announce_after_send: bool = False
@@ -356,8 +365,8 @@ class SaleSteps:
                 self.unwritten, self.record = self.record, before
                 self.held = _held_steps(taken or ())
             raise
-        for event in held or ():
-            self.publish_event(event)
+        for announced in held or ():
+            self.publish_event(announced.event(self.clock))
         for log_end in ends or ():
             log_end()
         return written
@@ -395,16 +404,16 @@ class SaleSteps:
         self._publish_next_turn(held)
         return written
 
-    def _publish_next_turn(self, events: list[SaleEvent], turns: int = 1) -> None:
+    def _publish_next_turn(self, events: list[_Announcement], turns: int = 1) -> None:
         """``events`` published ``turns`` (1 or 2) turns of the loop from now, with any of the
         sale's published meanwhile after them (in order); joining events already waiting, they
-        go when those go."""
+        go when those go. Each event is made then, not now."""
         if self._next_turn is None:
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:  # the steps alone (bench/sale_steps.py): nothing sent meanwhile
-                for event in events:
-                    self.events.publish(event)
+                for announced in events:
+                    self.events.publish(announced.event(self.clock))
                 return
             self._next_turn = []
             if turns == 1:
@@ -415,8 +424,10 @@ class SaleSteps:
 
     def _publish_waiting(self) -> None:
         events, self._next_turn = self._next_turn or [], None
-        for event in events:
-            self.events.publish(event)
+        for waiting in events:
+            self.events.publish(
+                waiting.event(self.clock) if isinstance(waiting, _Announcement) else waiting
+            )
 
     def charge_found(
         self,
@@ -1149,8 +1160,8 @@ class _OneCommit:
         if self._turns:
             steps._publish_next_turn(held, self._turns)
             return
-        for event in held:
-            steps.publish_event(event)
+        for announced in held:
+            steps.publish_event(announced.event(steps.clock))
 
     def _ended(self, err: BaseException) -> None:
         """Nothing of the batch is on disk: a failed write keeps the sale in memory. A sale
@@ -1166,6 +1177,26 @@ class _OneCommit:
         elif isinstance(err, SaleMoved):
             steps.record = self._before
         steps._held, steps._batch = None, None
+
+
+class _Announcement:
+    """A journaled step to publish, its event made once, when first asked for: inside
+    ``one_commit(announce_after_send=True)`` that is two turns later, after the request the
+    steps lead to is on the wire (two events a vend window's commit, some 3 us each, were made
+    before the read-card and the charge were handed over). The record is frozen: the event made
+    later is the one made at the step."""
+
+    __slots__ = ("_event", "record", "step")
+
+    def __init__(self, record: SaleRecord, step: Step) -> None:
+        self.record, self.step = record, step
+        self._event: SaleEvent | None = None
+
+    def event(self, clock: Clock) -> SaleEvent:
+        event = self._event
+        if event is None:
+            event = self._event = event_of(self.record, self.step, clock=clock)
+        return event
 
 
 def event_of(record: SaleRecord, step: Step | Literal[""] = "", *, clock: Clock) -> SaleEvent:

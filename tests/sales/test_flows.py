@@ -1076,3 +1076,69 @@ async def test_the_steps_a_request_leads_from_are_published_once_it_is_on_the_wi
     # heard in the order the journal holds them, none lost or doubled
     heard = [what for kind, what in seen if kind == "heard"]
     assert heard == [s.step for s in agent.journal.steps(event.sale_id)]
+
+
+@pytest.mark.parametrize(
+    ("flow", "made_after"),
+    [
+        (Flow.AUTHORIZE_CAPTURE, {
+            b"/read-card ": (Step.CREATED, Step.READ_CARD_REQUEST),
+            b"/api/v1/charge ": (Step.READ_CARD_DONE, Step.AUTHORIZE_REQUEST),
+            b"dispense": (Step.AUTHORIZE_APPROVED, Step.DISPENSE_REQUEST),
+        }),
+        (Flow.CHARGE_CARD, {
+            b"/charge-card ": (Step.CREATED, Step.CHARGE_CARD_REQUEST),
+            b"dispense": (Step.CHARGE_CARD_APPROVED, Step.DISPENSE_REQUEST),
+        }),
+    ],
+    ids=["authorize_capture", "charge_card"],
+)
+async def test_the_events_of_steps_published_after_a_send_are_made_after_it(
+    agent: Agent, monkeypatch: pytest.MonkeyPatch, flow: Flow,
+    made_after: dict[bytes, tuple[Step, ...]],
+) -> None:
+    # The steps a request leads from are published once it is on the wire, the approval with
+    # the vend's request once the machine is told (the dispense called): their events are made
+    # then too, not in the customer's wait before it (two a commit, i41-seg1). Each event is
+    # made once: the one a listener hears is the one a sale's end returns.
+    import asyncio.selector_events as selector_events
+
+    from kiosk_agent.sales import steps as steps_module
+
+    seen: list[tuple[str, Any]] = []  # in order: a request written, an event made
+    real_write = selector_events._SelectorSocketTransport.write
+    real_event_of = steps_module.event_of
+
+    def write(transport: Any, data: Any) -> None:
+        head = bytes(data[:60])
+        for path in made_after:
+            if head.startswith(b"POST ") and path in head:
+                seen.append(("written", path))
+        real_write(transport, data)
+
+    def event_of(record: SaleRecord, step: Any = "", *, clock: Any) -> Any:
+        seen.append(("made", step))
+        return real_event_of(record, step, clock=clock)
+
+    class Told(ScriptedDispenser):
+        async def dispense(self, authorized_cents: int) -> DispenseOutcome:
+            seen.append(("written", b"dispense"))  # the machine's approve, in the field
+            return await super().dispense(authorized_cents)
+
+    monkeypatch.setattr(selector_events._SelectorSocketTransport, "write", write)
+    monkeypatch.setattr(steps_module, "event_of", event_of)
+    heard: list[Any] = []
+    stop = agent.events.listen(heard.append)
+    try:
+        event = await sell(agent, 250, Told(), flow=flow)
+    finally:
+        stop()
+    assert event.state is SaleState.COMPLETED
+    for path, steps in made_after.items():
+        written = seen.index(("written", path))
+        for step in steps:
+            assert seen.index(("made", step)) > written, (path, step, seen)
+    made = Counter(what for kind, what in seen if kind == "made")  # an event made late may
+    assert made == Counter(e.step for e in heard)  # follow a later one's: one a step, none twice
+    assert [e.step for e in heard] == [s.step for s in agent.journal.steps(event.sale_id)]
+    assert heard[-1] is event  # the end returned is the one heard
