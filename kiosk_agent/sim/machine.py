@@ -486,8 +486,15 @@ class VirtualController:
     async def _step_up(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            while self.status is not Status.ENABLED:
-                await self.wait_enabled()
+            while self.status is not Status.ENABLED or self.enabling:
+                if self.enabling:
+                    # the controller still polls the reader after C,1 or a reset: its states
+                    # come before any selection (ENABLED already, from a visit that ended as
+                    # the reset came, then its enable sequence's ENABLED after the selection
+                    # ended that session on the agent's side: the customer was never answered)
+                    await asyncio.sleep(self.options.enable_delay)
+                else:
+                    await self.wait_enabled()
             gap = self._walked_away_at + self.options.step_up_time - loop.time()
             if gap <= 0:
                 return
