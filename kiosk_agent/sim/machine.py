@@ -120,6 +120,9 @@ class VirtualController:
         self.status = Status.INACTIVE
         self.visits: list[Visit] = []
         self.received: list[str] = []  # every line the agent sent, for tests and the live view
+        # bytes written to the agent's pty: a test can tell the agent has read all of them
+        # (its link's ``stats.bytes_in``), so no answer of the machine is still on its way
+        self.written = 0
         self.unexpected: list[str] = []
         self._rng = random.Random(seed)
         self._pty: _Pty | None = None
@@ -300,6 +303,7 @@ class VirtualController:
         except OSError as err:  # the agent is not reading and the pty is full
             _LOGGER.debug("virtual adapter write dropped: %s", err)
             return
+        self.written += written
         if written < len(data):
             _LOGGER.debug("virtual adapter wrote %d of %d bytes", written, len(data))
 
@@ -385,6 +389,11 @@ class VirtualController:
         if self._session_funds is None:
             raise RuntimeError("no session waits for funds")
         self._session_funds.set_result(funds)
+
+    @property
+    def enabling(self) -> bool:
+        """Whether an enable sequence (after ``C,1`` or a reset) is still to say its states."""
+        return len(self._tasks) > 0
 
     async def _enable(self) -> None:
         """The controller polls the reader and enables it, unless something intervenes."""
@@ -477,8 +486,15 @@ class VirtualController:
     async def _step_up(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            while self.status is not Status.ENABLED:
-                await self.wait_enabled()
+            while self.status is not Status.ENABLED or self.enabling:
+                if self.enabling:
+                    # the controller still polls the reader after C,1 or a reset: its states
+                    # come before any selection (ENABLED already, from a visit that ended as
+                    # the reset came, then its enable sequence's ENABLED after the selection
+                    # ended that session on the agent's side: the customer was never answered)
+                    await asyncio.sleep(self.options.enable_delay)
+                else:
+                    await self.wait_enabled()
             gap = self._walked_away_at + self.options.step_up_time - loop.time()
             if gap <= 0:
                 return

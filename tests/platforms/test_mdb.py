@@ -473,12 +473,14 @@ def _sales_started(agent: Agent) -> int:
 
 @contextlib.asynccontextmanager
 async def _serving(
-    tmp_path: Path, settings: Any, controller: VirtualController, **health: Any
+    tmp_path: Path, settings: Any, controller: VirtualController,
+    trigger: dict[str, Any] | None = None, **health: Any
 ) -> AsyncIterator[Agent]:
-    """The real agent with an mdb trigger on the machine, quick checks; the reader enabled."""
+    """The real agent with an mdb trigger on the machine (``trigger``: more of its options),
+    quick checks; the reader enabled."""
     sections = {"health": {**QUICK_HEALTH["health"], **health}}
     async with running_agent(
-        tmp_path, settings, [_mdb_trigger(controller)], sections=sections
+        tmp_path, settings, [_mdb_trigger(controller, **(trigger or {}))], sections=sections
     ) as agent:
         await asyncio.wait_for(controller.wait_enabled(), 5)
         yield agent
@@ -525,20 +527,27 @@ async def test_a_sale_in_progress_ends_before_the_reader_steps_aside(
 ) -> None:
     # few, quick retries: the unreachable service is noticed within a second or so
     settings = settings_from_ready(sim.ready_info(), max_retries=1, backoff_base=0.05)
-    controller.options.dispense_time = 1.5  # a slow machine: the outage starts mid-vend
-    async with _serving(tmp_path, settings, controller) as agent:
+    # a slow machine: the outage starts mid-vend. The drop (1.5 s) on the machine's own clock,
+    # moved once the outage is seen: in real time a starved loop saw the outage after the
+    # product was out (the customer done), and the agent's vend timeout is a minute for that
+    controller.clock = machine_clock = FakeClock()
+    controller.options.dispense_time = 1.5
+    async with _serving(tmp_path, settings, controller, trigger={"vend_timeout": 60}) as agent:
         customer = asyncio.create_task(controller.customer("A2"))
         await until(lambda: "C,VEND,2.50" in controller.received)
         # the terminal list stops answering (the sale's own calls still work)
         await sim_call(sim, "POST", "/sim/faults",
                    {"path": "/api/terminal", "method": "GET", "fault": "unavailable",
                     "count": 1000})
-        await until(lambda: not agent.availability.state().available, timeout=5)
+        await until(lambda: not agent.availability.state().available)
         assert agent.availability.state().reason.startswith("service unreachable")
         assert not customer.done()  # the vend goes on: the reader has not left the bus
         assert "C,0" not in controller.received[controller.received.index("C,VEND,2.50"):]
 
-        visit = await asyncio.wait_for(customer, 5)
+        # the product drops: the machine's drop time passes on its clock
+        await machine_clock.advance_to(await machine_clock.next_due(pauses_only=False,
+                                                                    real_timeout=30))
+        visit = await asyncio.wait_for(customer, 30)
         assert visit.outcome is VisitOutcome.VENDED
         # the sale ended: the reader steps aside after it, and its capture went through
         await until(lambda: controller.status is Status.INACTIVE)
@@ -546,7 +555,7 @@ async def test_a_sale_in_progress_ends_before_the_reader_steps_aside(
         await until(lambda: agent.journal.get(record.sale_id).state is SaleState.COMPLETED)
 
         await sim_call(sim, "DELETE", "/sim/faults")
-        await asyncio.wait_for(controller.wait_enabled(), 3)
+        await asyncio.wait_for(controller.wait_enabled(), 30)
 
 
 async def test_an_unwritable_journal_takes_the_reader_off_the_bus(

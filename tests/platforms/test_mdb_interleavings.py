@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.money import parse_wire_amount
+from kiosk_agent.sales.fake_clock import FakeClock
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.sim.context import SimOptions
 from kiosk_agent.sim.machine import ControllerOptions, VirtualController, VisitOutcome
@@ -32,7 +33,7 @@ from kiosk_agent.sim.server import SimServer
 
 from ..helpers import ErrorLog, until
 from .agent_rig import running_agent
-from .vending_rig import LineDevice, Machine, make_machine
+from .vending_rig import CardDesk, LineDevice, Machine, make_machine
 
 PRODUCTS = {"A1": 150, "A2": 250, "D2": 102}  # D2 is declined by the card desk
 
@@ -107,14 +108,19 @@ async def _play(workdir: Path, steps: list[tuple[Any, ...]], *, honest: bool) ->
     )
     await controller.start()
     machine: Machine | None = None
+    # the sales' vend timeout (0.3 s) on a clock the test moves, only past vends the machine
+    # will say nothing more of: in real time a starved loop read an honest VEND,SUCCESS after
+    # it, and the vended A1 went uncharged ("captured 0 == vended 150"; both properties so)
+    clock = FakeClock()
     try:
-        async with asyncio.timeout(20):  # a hang fails this example, not the whole run
+        async with asyncio.timeout(60):  # a hang fails this example, not the whole run
             machine = await make_machine(
-                controller, vend_timeout=0.3, link={"silence_timeout": 30, "probe": "C,STATUS"}
+                controller, vend_timeout=0.3, desk=CardDesk(clock=clock),
+                link={"silence_timeout": 30, "probe": "C,STATUS"},
             )
-            visits = [task async for task in _run_steps(machine, steps, honest=honest)]
+            visits = [task async for task in _run_steps(machine, clock, steps, honest=honest)]
             await asyncio.gather(*visits)
-            finals = await machine.desk.settled()  # none left open
+            finals = await _settled(machine, clock)  # none left open
             _check_money(machine, finals, honest=honest)
             if honest and ("reset",) not in steps:
                 _check_served(machine, steps)
@@ -126,7 +132,28 @@ async def _play(workdir: Path, steps: list[tuple[Any, ...]], *, honest: bool) ->
         await controller.stop()
 
 
-async def _run_steps(machine: Machine, steps: list[tuple[Any, ...]], *, honest: bool) -> Any:
+def _all_heard(machine: Machine) -> bool:
+    """The agent has read every byte the machine wrote: no answer of it is on its way."""
+    return machine.device.link.stats.bytes_in == machine.controller.written
+
+
+async def _settled(machine: Machine, clock: FakeClock) -> list[Any]:
+    """Every sale's end. The customers are gone, so the machine says nothing more of a vend
+    once the agent has read every byte it wrote: a sale still waiting then waits on a silent
+    vend (``says_nothing``, a reset mid-vend, a lie), and the clock moves to its vend timeout."""
+    while not all(sale.final.done() for sale in machine.desk.sales):
+        await until(lambda: _all_heard(machine), timeout=30)
+        due = clock.pending()
+        if due:
+            await clock.advance_to(due[0])
+        else:  # a sale on its way to its vend wait (its card, the approval on the wire)
+            await asyncio.sleep(0.01)
+    return await machine.desk.settled()
+
+
+async def _run_steps(
+    machine: Machine, clock: FakeClock, steps: list[tuple[Any, ...]], *, honest: bool
+) -> Any:
     controller = machine.controller
     for step in steps:
         match step:
@@ -144,6 +171,11 @@ async def _run_steps(machine: Machine, steps: list[tuple[Any, ...]], *, honest: 
                     controller.repeat_enable(2)
             case ("pause", seconds):
                 await asyncio.sleep(seconds)
+                # the pause on the sales' clock too, where only a silent vend can be timed out
+                # by it: no customer at the machine, and all it said read (a vend timeout may
+                # still fall between two later steps, as it could in real time)
+                if not controller.in_visit and _all_heard(machine):
+                    await clock.advance(seconds)
             case ("line", line):
                 controller.send_raw((line + "\n").encode("latin-1"))
 
@@ -199,18 +231,22 @@ async def _sells_again(machine: Machine) -> None:
     before = len(machine.desk.sales)
     visit = await controller.customer("A1")
     assert visit.outcome is VisitOutcome.VENDED, (visit, controller.received[-6:])
-    final = await asyncio.wait_for(machine.desk.sales[before].result(), 5)
+    final = await asyncio.wait_for(machine.desk.sales[before].result(), 30)
     assert final.state is SaleState.COMPLETED
     assert final.captured_cents == 150
 
 
 async def _quiet(machine: Machine, still: float = 0.3) -> None:
     """Until no session is open and nothing has crossed the wire for ``still`` seconds: the
-    answers to the lies (a denial for a phantom request, say) are out of the way."""
+    answers to the lies (a denial for a phantom request, say) are out of the way. Nor is the
+    machine's own enable sequence still to come, and the agent has read all it said: starved,
+    a reset's DISABLED came after the 0.3 s, inside the next customer's session."""
 
     def wire_state() -> tuple[int, int, bool]:
         sent = len(machine.controller.received)
-        return sent, len(machine.desk.sales), machine.device.session is None
+        settled = (machine.device.session is None and not machine.controller.enabling
+                   and _all_heard(machine))
+        return sent, len(machine.desk.sales), settled
 
     async with asyncio.timeout(10):
         last, since = wire_state(), asyncio.get_running_loop().time()

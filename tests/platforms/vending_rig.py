@@ -59,10 +59,13 @@ class DeskSale:
 class CardDesk:
     """One terminal: one sale at a time holds it, a card after ``card_time``; ``..02`` cents
     decline. The terminal is free once the dispense outcome is known; the capture (or the void)
-    then takes ``capture_time``."""
+    then takes ``capture_time``. ``clock``: the sale's timers (the choice and the vend timeout)
+    wait on it, as the real sale's do on the agent's clock; a FakeClock: they fire only when the
+    test moves it (a starved loop read an honest VEND,SUCCESS after a real-time 0.3 s)."""
 
-    def __init__(self, card_time: float = 0.005) -> None:
+    def __init__(self, card_time: float = 0.005, *, clock: Clock = SYSTEM_CLOCK) -> None:
         self.card_time = card_time
+        self.clock = clock
         self.cancel_time = 0.0  # how long the terminal takes to cancel a card wait
         self.card_held: asyncio.Event | None = None  # set: the card comes when the test sets it
         self.capture_time = 0.0  # how long the payments API takes to capture or void
@@ -131,17 +134,16 @@ class CardDesk:
         finally:
             self._release(sale)
 
-    @staticmethod
-    async def _dispense(request: SaleRequest, dispenser: Dispenser) -> DispenseOutcome:
+    async def _dispense(self, request: SaleRequest, dispenser: Dispenser) -> DispenseOutcome:
         """Like the real sale: card first, the choice bounded by the sale's choice timeout and
         held to its money rule; the dispense bounded by the vend timeout (the sale's timers,
-        SaleSettings.*_for), each wait cancelled then."""
+        SaleSettings.*_for, on the desk's clock), each wait cancelled then."""
         rules = SaleSettings("mid", {}, vend_timeout=VEND_TIMEOUT)
         if request.chosen_at_machine:
             assert isinstance(dispenser, ChoosingDispenser)
             bound = rules.choice_timeout_for(request)
             try:
-                chosen = await asyncio.wait_for(dispenser.choose(request.amount_cents), bound)
+                chosen = await self.clock.wait_for(dispenser.choose(request.amount_cents), bound)
             except TimeoutError:
                 why = f"session timeout: nothing selected within {bound:g} s"
                 chosen = DispenseOutcome(DispenseStatus.CANCELLED, detail=why)
@@ -154,7 +156,7 @@ class CardDesk:
                 return DispenseOutcome(DispenseStatus.CANCELLED, detail=refused)
         bound = rules.vend_timeout_for(request)
         try:
-            return await asyncio.wait_for(dispenser.dispense(request.amount_cents), bound)
+            return await self.clock.wait_for(dispenser.dispense(request.amount_cents), bound)
         except TimeoutError:
             return DispenseOutcome(DispenseStatus.TIMEOUT, detail="no vend result")
 

@@ -651,8 +651,11 @@ async def test_a_body_is_judged_as_before_the_fast_paths_whatever_its_type_and_p
     size limit is refused 413 whether it came whole or in parts, one that stops coming gets 408,
     and a body sent as latin-1 is read as JSON only if it is UTF-8 (a clear 400 else)."""
     # the head's own timeout is not what is judged here: a loaded machine's test process
-    # starved 0.3 s between its connect and its head's write was closed before its request
-    site = await _site(_limits(header_timeout=10.0), client_max_size=64)
+    # starved 0.3 s between its connect and its head's write was closed before its request;
+    # nor is the body's, but where a body never comes whole: starved, the parts of one above
+    # the size limit came 0.3 s apart and were told 408 before the size was judged
+    site = await _site(_limits(header_timeout=10.0, body_timeout=10.0), client_max_size=64)
+    timing = await _site(_limits(header_timeout=10.0), client_max_size=64)
     small = b'{"a": "b"}'
     big = b'{"a": "' + b"x" * 120 + b'"}'
 
@@ -680,7 +683,7 @@ async def test_a_body_is_judged_as_before_the_fast_paths_whatever_its_type_and_p
                 assert (status, answer["error"]) == (413, "too_large"), (content_type, parts)
         # announced but never whole: past body_timeout (0.3 s)
         for content_type in (b"application/json", b"APPLICATION/JSON"):
-            status, answer = await _answer_to(site, typed(content_type, small, 40), small)
+            status, answer = await _answer_to(timing, typed(content_type, small, 40), small)
             assert (status, answer["error"]) == (408, "body_timeout")
         # latin-1 as its type says: not UTF-8, refused naming the byte
         latin = '{"a": "caf\u00e9"}'.encode("latin-1")
@@ -690,3 +693,4 @@ async def test_a_body_is_judged_as_before_the_fast_paths_whatever_its_type_and_p
         assert answer["message"] == "the body is not UTF-8 (byte 10)"
     finally:
         await site.stop()
+        await timing.stop()
