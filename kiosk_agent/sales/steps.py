@@ -100,7 +100,7 @@ def given_back_by(by: str | None, unit: OwnUnit) -> str:
         return ""
     if by == agent_user(unit):
         return " by the agent"
-    shown = redact("".join(c for c in by.strip() if c.isprintable())[:64])
+    shown = _person_named(by)
     if not shown:
         return ", reporting names no one who gave it back"
     return f" by {shown!r} (not the agent)"
@@ -111,8 +111,14 @@ def refund_of(by: str, unit: OwnUnit) -> str:
     `` (no one named)``."""
     if by == agent_user(unit):
         return " (the agent's)"
-    shown = redact("".join(c for c in by.strip() if c.isprintable())[:64])
+    shown = _person_named(by)
     return f" ({shown!r})" if shown else " (no one named)"
+
+
+def _person_named(by: str) -> str:
+    """A name reporting gives who gave money back, as a sale's words show it: printable, at
+    most 64 characters, redacted ("" when nothing of it is left)."""
+    return redact("".join(c for c in by.strip() if c.isprintable())[:64])
 
 
 def give_back_failed(err: ServiceError) -> str:
