@@ -224,11 +224,14 @@ class Reconciler:
             related = await self._rows(TransactionFilter(related_trans_id=trans_id)) or []
             back = self._asked(related, trans_id, key=lambda r: r.related_trans_id,
                                same=trans_key)
-            last = _last_refund(back) if back else None
+            own = _refunds_in_order(back)
+            # the give-back that ended the charge's refunds: its latest refund's row (the others
+            # a person's before it), else the latest row naming it (2026-11-30: the first row
+            # found named a person's $1.00 refund as the agent's)
+            last = (own or _in_order(back))[-1] if back else None
             reverse_id = last.trans_id if last is not None else trans_id
             if last is not None and status is not TransStatus.VOIDED:
                 by = last.user_identifier or ""
-            own = _refunds_in_order(back)
             if all(r.status is not None and r.amount_cents >= 0 for r in back):
                 refunds = tuple(r.amount_cents for r in own)
                 refunds_by = tuple(r.user_identifier or "" for r in own)
@@ -247,21 +250,18 @@ class Reconciler:
         )
 
 
-def _last_refund(rows: list[Transaction]) -> Transaction:
-    """The give-back that ended a charge's refunds: its latest refund's row (by ``trans_date``,
-    then as reporting lists them), the others being a person's before it. Once a refund gives
-    back all that was left no other can be made, so the agent's, when it ended the charge, is
-    this one (2026-11-30: the first row found named a person's $1.00 refund as the agent's)."""
-    refunds = _refunds_in_order(rows) or rows
-    return max(enumerate(refunds),
-               key=lambda n_row: (n_row[1].trans_at or float("-inf"), n_row[0]))[1]
-
-
 def _refunds_in_order(rows: list[Transaction]) -> list[Transaction]:
-    """A charge's refunds' own rows, the earliest first (by ``trans_date``, then as listed)."""
-    refunds = [r for r in rows if r.status is TransStatus.REFUND]
+    """A charge's refunds' own rows, the earliest first (by ``trans_date``, then as listed).
+    Once a refund gives back all that was left no other can be made, so the agent's, when it
+    ended the charge, is the last."""
+    return _in_order([r for r in rows if r.status is TransStatus.REFUND])
+
+
+def _in_order(rows: list[Transaction]) -> list[Transaction]:
+    """``rows`` the earliest first: by ``trans_date`` (none: first), then as reporting lists
+    them."""
     return [row for _, row in sorted(
-        enumerate(refunds), key=lambda n_row: (n_row[1].trans_at or float("-inf"), n_row[0]))]
+        enumerate(rows), key=lambda n_row: (n_row[1].trans_at or float("-inf"), n_row[0]))]
 
 
 def _readable(row: Transaction) -> bool:
