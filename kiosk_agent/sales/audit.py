@@ -221,7 +221,6 @@ class ChargeAudit:
         # under another trans id (trans id -> that sale): given back only once reporting shows
         # the sale's own charge under that order id too (_own_charge_shown)
         self._unproven: dict[str, SaleRecord] = {}
-        self.rows_read = 0  # reporting's rows the check under way (or the last) has read
 
     async def check(
         self, running: Collection[str] = (), settled: bool = True, *,
@@ -298,10 +297,10 @@ class ChargeAudit:
         accounted = _Accounted(self._now() - self.lookback)
         asked: dict[str, str] = {}  # trans id -> the terminal it was asked under
         newest = 0.0  # the service's latest charge on these terminals: real time, at most now
-        self.rows_read = 0
+        rows_read = 0  # reporting's rows this check has read (``long`` past START_WAIT_ROWS)
         async for device, chunk in self._chunks(settled, page_size):
-            self.rows_read += len(chunk)
-            if long is not None and self.rows_read > START_WAIT_ROWS:
+            rows_read += len(chunk)
+            if long is not None and rows_read > START_WAIT_ROWS:
                 long()
                 long = None
             splits = [split_order_id(row.order_id) for row in chunk]
