@@ -297,8 +297,8 @@ class AttentionSweeper:
         words saying the agent would give it back.)"""
         charge = lookup.amount_cents
         before = sum(lookup.refunds_cents)
-        if (steps.record.vended_cents or not may_move_money or not charge
-                or not lookup.refunds_cents or not 0 < before < charge):
+        # no refunds' rows sum to nothing: refused by 0 < before
+        if steps.record.vended_cents or not may_move_money or not charge or not 0 < before < charge:
             return None
         steps.step(Step.ATTENTION_RECHECK, detail={"found": "partly refunded",
                                                   "action": "reverse"},
