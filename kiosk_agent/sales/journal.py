@@ -1318,15 +1318,15 @@ def _up_to_date(db: sqlite3.Connection) -> bool:
     each open, as every journal was before."""
     if int(db.execute("PRAGMA user_version").fetchone()[0]) != SCHEMA_VERSION:
         return False
-    names = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
-    if not names >= _SCHEMA_NAMES or names & set(_RETIRED_INDEXES):
+    # name -> its statement (tables and indexes share one namespace: "steps" is the table)
+    schema = {row[0]: row[1] for row in db.execute("SELECT name, sql FROM sqlite_master")}
+    if not schema.keys() >= _SCHEMA_NAMES or schema.keys() & set(_RETIRED_INDEXES):
         return False
     columns = {row[1] for row in db.execute("PRAGMA table_info(sales)")}
     if not set(_ADDED_COLUMNS) <= columns or columns & _BESIDE_COLUMNS:
         return False
     # steps made AUTOINCREMENT lose the keyword in the migration (_steps_without_autoincrement)
-    [steps] = db.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'steps'")
-    return not _AUTOINCREMENT.search(str(steps[0]))
+    return not _AUTOINCREMENT.search(str(schema["steps"]))
 
 
 def _late_indexes(db: sqlite3.Connection) -> tuple[str, ...]:
