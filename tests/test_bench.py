@@ -233,26 +233,43 @@ def test_paired_blocks_are_read_as_medians_and_the_median_of_their_ratios() -> N
     }  # fmt: skip
 
 
+async def drive_the_floor(bench: Any, tmp_path: Path, sales: int) -> None:
+    """bench/agent.py's driver runs ``sales`` kiosk API sales through a floor process (its
+    journal tmp_path/floor-journal.db) on a real simulator, the floor's CPU measured; the
+    floor and the simulator are stopped after."""
+    from kiosk_agent.sim.server import SimOptions, SimServer
+
+    sim = SimServer(SimOptions(port=0, time_scale=bench.PROCESS_TIME_SCALE, transactions=0))
+    await sim.start()
+    try:
+        floor, port = await bench.spawn_sale_floor(sim.ready_info(), tmp_path)
+        try:
+            assert await bench.kiosk_sales_cpu(floor.pid, port, sales, warm_up=0) > 0
+        finally:
+            floor.terminate()
+            await floor.wait()
+    finally:
+        await sim.stop()
+
+
+def floor_sale_times(tmp_path: Path) -> list[tuple[float, float]]:
+    """The floor's sales' (created_at, finished_at), in the order they started."""
+    db = sqlite3.connect(tmp_path / "floor-journal.db")
+    try:
+        rows = db.execute("SELECT created_at, finished_at FROM sales ORDER BY created_at")
+        return rows.fetchall()
+    finally:
+        db.close()
+
+
 async def test_a_sale_through_the_sale_floor_completes_as_the_driver_reads_it(
     tmp_path: Path,
 ) -> None:
     """The floor process takes a kiosk API sale from the bench's own driver end to end: its
     charge on a real simulator, its frames on the sale's WebSocket to the final one, its
     commits on disk; and its CPU is measured."""
-    from kiosk_agent.sim.server import SimOptions, SimServer
-
     bench = _bench_module("agent")
-    sim = SimServer(SimOptions(port=0, time_scale=bench.PROCESS_TIME_SCALE, transactions=0))
-    await sim.start()
-    try:
-        floor, port = await bench.spawn_sale_floor(sim.ready_info(), tmp_path)
-        try:
-            assert await bench.kiosk_sales_cpu(floor.pid, port, 2, warm_up=0) > 0
-        finally:
-            floor.terminate()
-            await floor.wait()
-    finally:
-        await sim.stop()
+    await drive_the_floor(bench, tmp_path, 2)
     db = sqlite3.connect(tmp_path / "floor-journal.db")
     try:
         assert db.execute("SELECT state, count(*) FROM sales GROUP BY state").fetchall() == [
@@ -270,27 +287,10 @@ async def test_paced_sales_each_come_after_the_pause_the_floors_as_the_agents(
     floor and the agent), so no sale comes sooner than the pause after the last one ended: none
     is held by the agent's rate limiter (20 a second), and each starts after a quiet moment as a
     kiosk's do. Before, the sales came back to back and the agent's waited for the limiter."""
-    from kiosk_agent.sim.server import SimOptions, SimServer
-
     bench = _bench_module("agent")
     monkeypatch.setitem(bench.PACE, "s", 0.15)
-    sim = SimServer(SimOptions(port=0, time_scale=bench.PROCESS_TIME_SCALE, transactions=0))
-    await sim.start()
-    try:
-        floor, port = await bench.spawn_sale_floor(sim.ready_info(), tmp_path)
-        try:
-            assert await bench.kiosk_sales_cpu(floor.pid, port, 3, warm_up=0) > 0
-        finally:
-            floor.terminate()
-            await floor.wait()
-    finally:
-        await sim.stop()
-    db = sqlite3.connect(tmp_path / "floor-journal.db")
-    try:
-        rows = db.execute("SELECT created_at, finished_at FROM sales ORDER BY created_at")
-        sales = rows.fetchall()
-    finally:
-        db.close()
+    await drive_the_floor(bench, tmp_path, 3)
+    sales = floor_sale_times(tmp_path)
     assert len(sales) == 3
     for (_, ended), (started, _) in itertools.pairwise(sales):
         assert started - ended >= 0.15
@@ -304,7 +304,6 @@ async def test_rested_sales_run_back_to_back_in_runs_the_limiter_takes_whole(
     unmeasured sale to warm up: back to back within a run, and none held by the limiter (before,
     the sales after the burst waited up to 50 ms each for a token, the floor's never)."""
     from kiosk_agent.service.settings import ServiceSettings
-    from kiosk_agent.sim.server import SimOptions, SimServer
 
     bench = _bench_module("agent")
     settings = ServiceSettings(base_url="http://x", api_key="k", mid="1")
@@ -316,23 +315,8 @@ async def test_rested_sales_run_back_to_back_in_runs_the_limiter_takes_whole(
     # a rest of 1 s: starved (the test process stopped 390 ms of every 400) a gap within a run
     # was 0.41 s, the driver's answer to the floor one stop late, past the 0.2 s rest it was
     monkeypatch.setattr(bench, "LIMITER_RATE", 1.0)
-    sim = SimServer(SimOptions(port=0, time_scale=bench.PROCESS_TIME_SCALE, transactions=0))
-    await sim.start()
-    try:
-        floor, port = await bench.spawn_sale_floor(sim.ready_info(), tmp_path)
-        try:
-            assert await bench.kiosk_sales_cpu(floor.pid, port, 4, warm_up=0) > 0
-        finally:
-            floor.terminate()
-            await floor.wait()
-    finally:
-        await sim.stop()
-    db = sqlite3.connect(tmp_path / "floor-journal.db")
-    try:
-        rows = db.execute("SELECT created_at, finished_at FROM sales ORDER BY created_at")
-        sales = rows.fetchall()
-    finally:
-        db.close()
+    await drive_the_floor(bench, tmp_path, 4)
+    sales = floor_sale_times(tmp_path)
     assert len(sales) == 6  # two runs of two, each after its warm-up sale
     gaps = [started - ended for (_, ended), (started, _) in itertools.pairwise(sales)]
     assert gaps[2] >= 1.0  # the second run's rest

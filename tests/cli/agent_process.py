@@ -168,6 +168,19 @@ def under_systemd(agent: AgentProcess, directory: Path) -> socket.socket:
     return server
 
 
+async def cli(agent: AgentProcess, *args: str) -> tuple[int, str, str]:
+    """Another command of the same unit (same configuration), run beside the agent: its exit
+    code and output."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "kiosk_agent", *args, "-c", str(agent.config),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=agent.env,
+    )  # fmt: skip
+    async with asyncio.timeout(60):
+        out, err = await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
 def states(journal: Path) -> dict[str, str]:
     """sale_id -> state, read as any reader would beside a running agent."""
     if not journal.exists():

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from .agent_process import (
     LISTENING,
     MACHINE,
     AgentProcess,
+    cli,
     given_back_at_once,
     money_agrees,
     sale_in,
@@ -36,18 +36,6 @@ admin:
   port: 0
   tokens: [{name: tech, token: !env_var KIOSK_ADMIN_TOKEN}]
 """
-
-
-async def cli(agent: AgentProcess, *args: str) -> tuple[int, str, str]:
-    """Another command of the same unit (same configuration), run beside the agent."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "kiosk_agent", *args, "-c", str(agent.config),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=agent.env,
-    )  # fmt: skip
-    async with asyncio.timeout(30):
-        out, err = await proc.communicate()
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
 
 
 async def refused_by(second: AgentProcess, owner: AgentProcess, journal: Path) -> None:

@@ -190,10 +190,9 @@ def test_check_config_and_sales_import_no_server_and_no_models(
         assert imported(modules, package) == [], package
 
 
-def test_the_sales_commands_start_no_event_loop(tmp_path: Path) -> None:
-    """`sales` and its actions read or write the journal and never wait: they ran in an event
-    loop all the same, and asyncio's import (ssl, subprocess and concurrent.futures with it) was
-    a third of the command's CPU at its start."""
+def unit_with_a_sale_in_attention(tmp_path: Path) -> Path:
+    """A unit's configuration (the simulator, journal.db beside it) whose journal holds one
+    sale, 5a1e, in attention (its charge's answer unknown): what the sales commands read."""
     from kiosk_agent.sales.journal import Journal, SaleRecord
     from kiosk_agent.sales.states import SaleState, Step
 
@@ -207,6 +206,14 @@ def test_the_sales_commands_start_no_event_loop(tmp_path: Path) -> None:
     sale = journal.record(sale, Step.CHARGE_CARD_REQUEST, SaleState.CHARGING)
     journal.record(sale, Step.CHARGE_CARD_UNKNOWN, SaleState.ATTENTION)
     journal.close()
+    return config
+
+
+def test_the_sales_commands_start_no_event_loop(tmp_path: Path) -> None:
+    """`sales` and its actions read or write the journal and never wait: they ran in an event
+    loop all the same, and asyncio's import (ssl, subprocess and concurrent.futures with it) was
+    a third of the command's CPU at its start."""
+    config = unit_with_a_sale_in_attention(tmp_path)
     output, modules = modules_after(
         ["sales", "-c", str(config)], ["sales", "list", "--json", "-c", str(config)],
         ["sales", "attention", "-c", str(config)], ["sales", "show", "5a", "-c", str(config)],
@@ -487,19 +494,8 @@ def test_a_read_command_ends_its_process_without_the_interpreters_teardown(
     `kiosk-agent sales` on a year's journal. Its output and exit code are as before, a failure's
     words too; called in a process of another's (``main(argv)``), it returns."""
     from kiosk_agent.cli import main
-    from kiosk_agent.sales.journal import Journal, SaleRecord
-    from kiosk_agent.sales.states import SaleState, Step
 
-    config = tmp_path / "config.yaml"
-    config.write_text("service: {simulator: {}}\nterminals: [{device_id: SIM-0001}]\n"
-                      "journal: {path: journal.db}\n")
-    journal = Journal(tmp_path / "journal.db")
-    journal.open()
-    sale = journal.create(SaleRecord("5a1e", "KA000000000000000001", "virtual:front",
-                                     "charge_card", "SIM-0001", 250, SaleState.STARTED))
-    sale = journal.record(sale, Step.CHARGE_CARD_REQUEST, SaleState.CHARGING)
-    journal.record(sale, Step.CHARGE_CARD_UNKNOWN, SaleState.ATTENTION)
-    journal.close()
+    config = unit_with_a_sale_in_attention(tmp_path)
 
     def own_process(*argv: str) -> subprocess.CompletedProcess[str]:
         probe = (

@@ -12,7 +12,6 @@ import shutil
 import signal
 import socket
 import sqlite3
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,15 @@ import pytest
 from kiosk_agent.sales.journal import Journal, JournalError
 
 from ..sales.test_journal import new_sale
-from .agent_process import MACHINE, AgentProcess, money_agrees, sale_in, states, write_config
+from .agent_process import (
+    MACHINE,
+    AgentProcess,
+    cli,
+    money_agrees,
+    sale_in,
+    states,
+    write_config,
+)
 
 SQLITE3 = shutil.which("sqlite3")
 
@@ -63,18 +70,6 @@ class Shell:
             self.proc.stdin.close()
             async with asyncio.timeout(30):
                 await self.proc.wait()
-
-
-async def cli(agent: AgentProcess, *args: str) -> tuple[int, str, str]:
-    """Another command of the same unit, run beside the agent: its exit code and output."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "kiosk_agent", *args, "-c", str(agent.config),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=agent.env,
-    )  # fmt: skip
-    async with asyncio.timeout(60):
-        out, err = await proc.communicate()
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
 
 
 def free_port() -> int:

@@ -71,6 +71,19 @@ class App:
                 steps.append(message.json())
         return steps
 
+    async def confirm(self, sale_id: str, dispensed: dict[str, str]) -> tuple[dict[str, Any], int]:
+        """Follows the sale's stream to its end, telling ``dispensed`` (POST .../dispensed) when
+        a step says it is dispensing, as an app that confirms does: the last step, and the
+        status that answer got."""
+        told = 0
+        async with self.sale_stream(sale_id) as ws:
+            async for message in ws:
+                step = message.json()
+                if step["state"] == "dispensing":
+                    told, _ = await self.post(f"/sales/{sale_id}/dispensed", dispensed)
+                last = step
+        return last, told
+
 
 async def _app(tmp_path: Path, sim_settings: Any, **options: Any) -> AsyncIterator[App]:
     trigger = {"platform": "kiosk_api", "name": "screen", "token": "!secret kiosk_token", "port": 0,
@@ -223,25 +236,13 @@ async def test_app_confirms_the_dispense(tmp_path: Path, sim_settings: Any) -> N
     async for app in _app(tmp_path, sim_settings, confirm_dispense=True,
                           flow="authorize_capture"):
         _, vended = await app.post("/sales", {"product": "tea"})
-        async with app.sale_stream(vended['sale_id']) as ws:
-            async for message in ws:
-                step = message.json()
-                if step["state"] == "dispensing":
-                    status, _ = await app.post(f"/sales/{vended['sale_id']}/dispensed",
-                                               {"status": "vended"})
-                    assert status == 202
-                last = step
+        last, status = await app.confirm(vended["sale_id"], {"status": "vended"})
+        assert status == 202
         assert last["state"] == "completed"
         assert last["captured_cents"] == 175
 
         _, failed = await app.post("/sales", {"product": "coffee"})
-        async with app.sale_stream(failed['sale_id']) as ws:
-            async for message in ws:
-                step = message.json()
-                if step["state"] == "dispensing":
-                    await app.post(f"/sales/{failed['sale_id']}/dispensed",
-                                   {"status": "failed", "detail": "cup jammed"})
-                last = step
+        last, _ = await app.confirm(failed["sale_id"], {"status": "failed", "detail": "cup jammed"})
         assert last["state"] == "reversed"
         status, _answer = await app.post(f"/sales/{failed['sale_id']}/dispensed",
                                         {"status": "vended"})
@@ -1574,13 +1575,7 @@ async def test_a_sale_given_back_tells_the_app_what_was_given_back(
     Before, a step said captured 250 and nothing of the give-back."""
     async for app in _app(tmp_path, sim_settings, confirm_dispense=True):
         _, failed = await app.post("/sales", {"product": "coffee"})
-        async with app.sale_stream(failed["sale_id"]) as ws:
-            async for message in ws:
-                step = message.json()
-                if step["state"] == "dispensing":
-                    await app.post(f"/sales/{failed['sale_id']}/dispensed",
-                                   {"status": "failed", "detail": "cup jammed"})
-                last = step
+        last, _ = await app.confirm(failed["sale_id"], {"status": "failed", "detail": "cup jammed"})
         assert last["state"] == "reversed"
         record = app.api.agent.journal.get(failed["sale_id"])
         assert record is not None
@@ -1590,12 +1585,7 @@ async def test_a_sale_given_back_tells_the_app_what_was_given_back(
         assert status == 200
         assert latest["reversed_cents"] == 250
         _, paid = await app.post("/sales", {"amount": 150})
-        async with app.sale_stream(paid["sale_id"]) as ws:
-            async for message in ws:
-                step = message.json()
-                if step["state"] == "dispensing":
-                    await app.post(f"/sales/{paid['sale_id']}/dispensed", {"status": "vended"})
-                last = step
+        last, _ = await app.confirm(paid["sale_id"], {"status": "vended"})
         assert (last["state"], last["captured_cents"], last["reversed_cents"]) == (
             "completed", 150, 0)
 

@@ -12,6 +12,7 @@ import json
 import sqlite3
 import time
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -1031,6 +1032,25 @@ async def test_a_customer_waits_from_their_request_until_the_machine_is_told(
     assert agent.sales.context.customers.waiting() == 0
 
 
+def note_posts_written(
+    monkeypatch: pytest.MonkeyPatch, paths: Iterable[bytes], seen: list[tuple[str, Any]]
+) -> None:
+    """Each POST to one of ``paths`` noted in ``seen`` as ``("written", path)`` when its bytes
+    are handed to the socket's transport (on the wire), in order with what else ``seen`` holds."""
+    import asyncio.selector_events as selector_events
+
+    real_write = selector_events._SelectorSocketTransport.write
+
+    def write(transport: Any, data: Any) -> None:
+        head = bytes(data[:60])
+        for path in paths:
+            if head.startswith(b"POST ") and path in head:
+                seen.append(("written", path))
+        real_write(transport, data)
+
+    monkeypatch.setattr(selector_events._SelectorSocketTransport, "write", write)
+
+
 @pytest.mark.parametrize(
     ("flow", "published_after"),
     [
@@ -1050,19 +1070,8 @@ async def test_the_steps_a_request_leads_from_are_published_once_it_is_on_the_wi
     # before its request is sent; the bus's listeners (health, metrics, Home Assistant, the
     # streams) hear them once that request's bytes are written, two turns later, not in the
     # customer's wait before it. The journal holds them first either way.
-    import asyncio.selector_events as selector_events
-
     seen: list[tuple[str, Any]] = []  # what happened, in order: a request written, a step heard
-    real_write = selector_events._SelectorSocketTransport.write
-
-    def write(transport: Any, data: Any) -> None:
-        head = bytes(data[:60])
-        for path in published_after:
-            if head.startswith(b"POST ") and path in head:
-                seen.append(("written", path))
-        real_write(transport, data)
-
-    monkeypatch.setattr(selector_events._SelectorSocketTransport, "write", write)
+    note_posts_written(monkeypatch, published_after, seen)
     stop = agent.events.listen(lambda event: seen.append(("heard", event.step)))
     try:
         event = await sell(agent, 250, ScriptedDispenser(), flow=flow)
@@ -1101,20 +1110,11 @@ async def test_the_events_of_steps_published_after_a_send_are_made_after_it(
     # the vend's request once the machine is told (the dispense called): their events are made
     # then too, not in the customer's wait before it (two a commit, i41-seg1). Each event is
     # made once: the one a listener hears is the one a sale's end returns.
-    import asyncio.selector_events as selector_events
-
     from kiosk_agent.sales import steps as steps_module
 
     seen: list[tuple[str, Any]] = []  # in order: a request written, an event made
-    real_write = selector_events._SelectorSocketTransport.write
+    note_posts_written(monkeypatch, made_after, seen)
     real_event_of = steps_module.event_of
-
-    def write(transport: Any, data: Any) -> None:
-        head = bytes(data[:60])
-        for path in made_after:
-            if head.startswith(b"POST ") and path in head:
-                seen.append(("written", path))
-        real_write(transport, data)
 
     def event_of(record: SaleRecord, step: Any = "", *, clock: Any) -> Any:
         seen.append(("made", step))
@@ -1125,7 +1125,6 @@ async def test_the_events_of_steps_published_after_a_send_are_made_after_it(
             seen.append(("written", b"dispense"))  # the machine's approve, in the field
             return await super().dispense(authorized_cents)
 
-    monkeypatch.setattr(selector_events._SelectorSocketTransport, "write", write)
     monkeypatch.setattr(steps_module, "event_of", event_of)
     heard: list[Any] = []
     stop = agent.events.listen(heard.append)

@@ -141,6 +141,19 @@ async def attention_sale(agent_factory: Any, sim: Any, tmp_path: Path) -> Any:
     return await agent_factory(sim=sim)
 
 
+async def sweep_with_its_give_back_delayed(sim: Any, agent: Any) -> asyncio.Future[Any]:
+    """The agent's sweep, started with the simulator holding its void-or-refund 1 s, once
+    that give-back has reached the simulator (a person may refund meanwhile): the sweep's
+    future, its events when it ends."""
+    await sim_call(sim, "POST", "/sim/faults", {
+        "path": "/api/v1/void-or-refund", "fault": "delay", "delay_s": 1.0, "count": 1})
+    sweep: asyncio.Future[Any] = asyncio.ensure_future(agent.attention.sweep())
+    async with asyncio.timeout(30):
+        while not (await sim_call(sim, "GET", "/sim/faults"))["faults"][0]["hits"]:
+            await asyncio.sleep(0.01)
+    return sweep
+
+
 async def test_a_refund_row_in_a_status_the_agent_does_not_know_decides_nothing(
     agent_factory: Any, sim_factory: Any, tmp_path: Path
 ) -> None:
@@ -357,12 +370,7 @@ async def test_a_person_refunding_while_the_agent_gives_back_the_whole_is_told_i
     trans_id = await authorize(agent.service, "KACRASHED1", capture=True)
     sim.ctx.ledger.update(trans_id, trans_status_id=TransStatus.SETTLED)
     asked = asked_amounts(sim)
-    await sim_call(sim, "POST", "/sim/faults", {
-        "path": "/api/v1/void-or-refund", "fault": "delay", "delay_s": 1.0, "count": 1})
-    sweep = asyncio.ensure_future(agent.attention.sweep())
-    async with asyncio.timeout(30):
-        while not (await sim_call(sim, "GET", "/sim/faults"))["faults"][0]["hits"]:
-            await asyncio.sleep(0.01)
+    sweep = await sweep_with_its_give_back_delayed(sim, agent)
     persons_refund = await agent.service.payments.void_or_refund(trans_id, amount=50)
     [event] = await asyncio.wait_for(sweep, 30)
     assert event.state is SaleState.REVERSED, event.message
@@ -404,12 +412,7 @@ async def test_a_person_refunding_while_the_agent_names_the_rest_ends_with_a_per
                message="dispense failed; the give-back failed: the agent tries again")
     agent = await agent_factory(sim=sim)
     asked = asked_amounts(sim)
-    await sim_call(sim, "POST", "/sim/faults", {
-        "path": "/api/v1/void-or-refund", "fault": "delay", "delay_s": 1.0, "count": 1})
-    sweep = asyncio.ensure_future(agent.attention.sweep())
-    async with asyncio.timeout(30):
-        while not (await sim_call(sim, "GET", "/sim/faults"))["faults"][0]["hits"]:
-            await asyncio.sleep(0.01)
+    sweep = await sweep_with_its_give_back_delayed(sim, agent)
     persons_refund = await agent.service.payments.void_or_refund(trans_id, amount=persons)
     assert await asyncio.wait_for(sweep, 30) == []
     assert asked == [persons, 200]  # the person's, then the agent's naming the rest
