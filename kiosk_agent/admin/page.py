@@ -473,7 +473,7 @@ class StatusPage:
                     # a platform's reader and machine change with availability, not with a
                     # sale step: they go in the same event as the health they follow
                     platforms = self._platforms()
-                    if _changed(last_health, snapshot) or platforms != last_platforms:
+                    if health_changed(last_health, snapshot) or platforms != last_platforms:
                         for note in health_changes(last_health, snapshot):
                             await _send(response, "note", {"at": snapshot["at"], **note})
                         await _send(
@@ -856,16 +856,12 @@ def _note(kind: str, text: str, device_id: str | None = None) -> dict[str, Any]:
     return {"kind": kind, "text": text, "device_id": device_id}
 
 
-def _changed(before: dict[str, Any] | None, after: dict[str, Any]) -> bool:
-    return before is None or _stable(before) != _stable(after)
-
-
 def health_changed(before: dict[str, Any] | None, after: dict[str, Any]) -> bool:
     """Whether the health itself changed (not its clock, uptime or key countdown): the rule the
     stream sends ``health`` by, and the one `health --watch` prints by. The stream sends it also
     when only the page's platforms moved (a machine's tally, each customer), which health does
     not show."""
-    return _changed(before, after)
+    return before is None or _stable(before) != _stable(after)
 
 
 def _stable(snapshot: dict[str, Any]) -> dict[str, Any]:

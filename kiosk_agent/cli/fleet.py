@@ -649,13 +649,11 @@ def admin_address(args: argparse.Namespace) -> tuple[str, str]:
         return address
     if "simulator" in config["service"]:
         # a demo's configuration: the demo serves an admin API of its own while it runs
-        from kiosk_agent.cli.demo_admin import demo_admin_path, read_demo_admin, running_demo
+        # read at once: no file is said as the reader says it (no demo is running)
+        from kiosk_agent.cli.demo_admin import demo_admin_path, read_demo_admin
 
-        found = running_demo(config, str(path))
-        if found is None:  # said as the reader says it: no demo is running
-            found = read_demo_admin(
-                demo_admin_path(Path(config.resolve(config["journal"]["path"]))), str(path))
-        url, made = found
+        url, made = read_demo_admin(
+            demo_admin_path(Path(config.resolve(config["journal"]["path"]))), str(path))
         return url, token or made
     raise CliError(f"{path} has no admin: section; the agent serves no admin API", EXIT_USAGE)
 

@@ -212,6 +212,16 @@ class LateVends:
                                   self.source, sale_id)
         return True
 
+    def result(self, sale_id: str | None, status: DispenseStatus, detail: str) -> bool:
+        """A vend result the machine gave with no vend pending, taken as ``sale_id``'s (the
+        sale that gave up on it): a success is :meth:`heard`, a failure :meth:`failed`.
+        Whether it was such a sale's; else the platform says it is noise."""
+        if status is DispenseStatus.VENDED:
+            return self.heard(sale_id)
+        if status is DispenseStatus.FAILED:
+            return self.failed(sale_id, detail)
+        return False
+
     def status(self) -> dict[str, Any]:
         return {"late_vends": self.count, "last_late_vend_sale": self.last_sale}
 

@@ -599,14 +599,8 @@ class MdbCashless:
         # vend the last stop or crash left, before any of this start's)
         late = self.gave_up_on
         late_sale = late.sale_id if late is not None else self.late.restart_sale
-        if late_sale is not None and status is DispenseStatus.VENDED and self.late.heard(
-            late_sale
-        ):
-            return
-        if late_sale is not None and status is DispenseStatus.FAILED and self.late.failed(
-            late_sale, detail
-        ):
-            return  # the given-up vend failed: the maybe a person was told of is closed
+        if self.late.result(late_sale, status, detail):
+            return  # its late success, or its failure (the maybe a person was told of closed)
         self.link.noise(
             "result_without_vend", "%s: %s with no vend pending: ignored", self.name, detail
         )

@@ -369,14 +369,8 @@ class SerialLineDevice:
                 return  # the dispense the last stop or crash left: recovery listened for it
             late = self.gave_up_on
             late_sale = late.sale_id if late is not None else self.late.restart_sale
-            if late_sale is not None and status is DispenseStatus.VENDED and self.late.heard(
-                late_sale
-            ):
-                return
-            if late_sale is not None and status is DispenseStatus.FAILED and self.late.failed(
-                late_sale, detail
-            ):
-                return  # the given-up dispense failed: the maybe told is closed
+            if self.late.result(late_sale, status, detail):
+                return  # its late success, or its failure (the maybe told closed)
             self.link.noise(
                 "result_without_vend", "%s: %s with no dispense pending: ignored", self.name, detail
             )
