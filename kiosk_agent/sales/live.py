@@ -270,9 +270,8 @@ class SaleFlow(SaleSteps):
             self.step(Step.DISPENSE_RESULT, detail=outcome_detail(outcome), **changes)
             return
         self.maybe_told = maybe_note(product, self.request.source, why, price)
-        with self.one_commit():
+        with self.told_in_one_commit(self.maybe_told, told_last=True):
             self.step(Step.DISPENSE_RESULT, detail=outcome_detail(outcome), **changes)
-            self.step(Step.LATE_VEND, detail=self.maybe_told)
 
     async def reverse(self, why: str, told: Mapping[str, Any] | None = None) -> SaleEvent:
         """Give the money back; that needs no terminal, and money given back gets no receipt.

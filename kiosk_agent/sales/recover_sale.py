@@ -215,9 +215,7 @@ class SaleRecoverer:
         if lookup.reversed:
             # the charge's row names its whole amount: of a charge found partly refunded, the
             # agent gave back only the rest (2026-11-30: reversed 400 cents of a $3.00 charge)
-            with steps.one_commit():
-                if told is not None:
-                    steps.step(Step.LATE_VEND, detail=told)
+            with steps.told_in_one_commit(told):
                 ended = steps.given_back_found(
                     Step.RECOVERY_DONE, Step.RECOVERY_UNDECIDED, f"{record.message}; given back",
                     lookup,

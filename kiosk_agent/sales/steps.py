@@ -13,7 +13,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import field
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -325,6 +325,25 @@ class SaleSteps:
         task of its own, a turn after it is handed over, on Python 3.11).
         """
         return _OneCommit(self, 2 if announce_after_send else 1 if announce_next_turn else 0)
+
+    @contextlib.contextmanager
+    def told_in_one_commit(
+        self, told: Mapping[str, Any] | None, *, told_last: bool = False
+    ) -> Iterator[None]:
+        """The steps inside and ``told`` (a ``late.vend`` note: a vend that may have been made
+        unheard) journaled in one commit, the note first (``told_last``: after them), so that
+        no kill leaves the sale's give-back, or its end, without the note (2026-11-30: one
+        killed after ``reverse.request`` was finished untold). No note: the steps alone, each
+        its own commit, as without this."""
+        if told is None:
+            yield
+            return
+        with self.one_commit():
+            if not told_last:
+                self.step(Step.LATE_VEND, detail=told)
+            yield
+            if told_last:
+                self.step(Step.LATE_VEND, detail=told)
 
     async def step_fsync_shared(
         self,
@@ -675,30 +694,22 @@ class SaleSteps:
         Written to the journal before the call; an error is checked against reporting before a
         second try, because voiding twice is refused and a lost answer may have worked.
         ``told``: a ``late.vend`` note (a vend that may have been made unheard: recovery's)
-        journaled in the same commit as the decision, so no kill leaves the give-back without
-        it (2026-11-30: one killed after ``reverse.request`` was finished untold).
+        journaled in the same commit as the decision (:meth:`told_in_one_commit`).
         """
         trans_id = self.record.trans_id
         if trans_id is None:
             unknown = (f"{why}; no trans_id: the agent looks for the charge in reporting "
                        f"{self.context.recheck.when()} and gives it back, else a person decides "
                        f"({RESOLVE})")
-            if told is None:
-                return self.finish(SaleState.ATTENTION, Step.REVERSE_UNKNOWN, unknown)
-            with self.one_commit():
-                self.step(Step.LATE_VEND, detail=told)
+            with self.told_in_one_commit(told):
                 return self.finish(SaleState.ATTENTION, Step.REVERSE_UNKNOWN, unknown)
         self.require_own()
         rest = self._rest_to_name()
         detail: dict[str, Any] = {"trans_id": trans_id}
         if rest is not None:
             detail["amount_cents"] = rest
-        if told is None:
+        with self.told_in_one_commit(told, told_last=True):
             self.step(Step.REVERSE_REQUEST, SaleState.REVERSING, why, detail=detail)
-        else:
-            with self.one_commit():
-                self.step(Step.REVERSE_REQUEST, SaleState.REVERSING, why, detail=detail)
-                self.step(Step.LATE_VEND, detail=told)
         for attempt in (1, 2):
             try:
                 result = await self.service.payments.void_or_refund(
