@@ -22,8 +22,8 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from kiosk_agent.sales.clock import Anchor
 from kiosk_agent.sales.journal import Journal, JournalError, SaleMoved, SaleRecord, StepRecord
@@ -76,14 +76,48 @@ def unheard_vend(record: SaleRecord, steps: list[StepRecord]) -> tuple[str, int]
     if (Step.DISPENSE_REQUEST not in names or said
             or Step.LATE_VEND in names or Step.CAPTURE_REQUEST in names):
         return None
-    chosen = [s.detail for s in steps if s.step == Step.DISPENSE_CHOSEN]
-    if chosen:
-        product = str(chosen[-1].get("product") or "") or record.product or ""
-        cents = chosen[-1].get("cents")
-        return product, cents if type(cents) is int and cents > 0 else record.amount_cents
+    chosen = customer_choice(steps)
+    if chosen is not None:
+        # not as the flow writes it: told all the same, at the sale's price (a choice was
+        # journaled, so a vend may have been approved)
+        return chosen.product or record.product or "", chosen.cents or record.amount_cents
     if not approved_by_request(record, steps):
         return None  # card first, nothing chosen: no vend approved
     return record.product or "", record.amount_cents
+
+
+class Choice(NamedTuple):
+    """A card-first customer's choice, as its ``dispense.chosen`` step holds it
+    (``AuthorizeCaptureFlow._chosen``): the product; the price, None unless a whole number of
+    cents above nothing (the flow approves no vend of nothing: ``vend_refusal``); and when it
+    was chosen on the boot that chose it (monotonic), None unless a number; and the step's
+    detail as written (for the log line that says why it is not listened for)."""
+
+    product: str
+    cents: int | None
+    mono: float | None
+    written: Mapping[str, Any]
+
+
+def customer_choice(steps: list[StepRecord]) -> Choice | None:
+    """The sale's last ``dispense.chosen``, read once for recovery's two uses; None when the
+    customer never chose. A step not as the flow writes it (a hand-edited journal) is still a
+    choice, its unreadable fields None, and the two uses read that differently on purpose:
+    telling a person of a vend that may have gone out unheard (``unheard_vend``) errs towards
+    telling, at the sale's price; listening for the vend (``Recovery._hearing``), whose success
+    is captured at the chosen price, needs both the price and the time, else it listens for
+    nothing and the money goes back."""
+    chosen = next((s.detail for s in reversed(steps) if s.step == Step.DISPENSE_CHOSEN), None)
+    if chosen is None:
+        return None
+    cents, mono = chosen.get("cents"), chosen.get("mono")
+    return Choice(
+        product=str(chosen.get("product") or ""),
+        cents=cents if type(cents) is int and cents > 0 else None,
+        mono=float(mono) if isinstance(mono, int | float) and not isinstance(mono, bool)
+        else None,
+        written=chosen,
+    )
 
 
 def approved_by_request(record: SaleRecord, steps: list[StepRecord]) -> bool:
@@ -294,19 +328,17 @@ class Recovery:
         steps = self.journal.steps(record.sale_id)
         if any(s.step == Step.DISPENSE_RESULT for s in steps):
             return None  # the machine said the vend was not made: over, its result known
-        chosen = [s.detail for s in steps if s.step == Step.DISPENSE_CHOSEN]
+        chosen = customer_choice(steps)
         asked = [s.at for s in steps if s.step == Step.DISPENSE_REQUEST]
-        if chosen:
-            try:
-                approved, cents = float(chosen[-1]["mono"]), int(chosen[-1]["cents"])
-                if cents <= 0:  # the flow approves no vend of nothing (vend_refusal)
-                    raise ValueError(f"a price of {cents} cents")
-                if not approved <= self.clock.monotonic():  # nan, or later than now
-                    raise ValueError(f"chosen at {approved}, after this start")
-            except (KeyError, TypeError, ValueError):  # not as the flow writes it: unheard
+        if chosen is not None:
+            # not as the flow writes it (no price, no time, or a time this boot had not come
+            # to, nan too): not listened for
+            if (chosen.cents is None or chosen.mono is None
+                    or not chosen.mono <= self.clock.monotonic()):
                 _LOGGER.warning("sale %s: its choice's step is not as written (%r): its vend "
-                                "is not listened for", record.sale_id, chosen[-1])
+                                "is not listened for", record.sale_id, chosen.written)
                 return None
+            approved, cents = chosen.mono, chosen.cents
         elif asked and approved_by_request(record, steps):  # else card first, nothing chosen
             window = float("inf") if record.answer_by is None else (
                 record.answer_by - record.sent_at)

@@ -154,3 +154,33 @@ def test_an_old_journals_card_first_platforms_are_the_sale_kinds_ones() -> None:
     assert approved_by_request(*sale("gpio:button")) is True
     assert approved_by_request(*sale("mdb:front", chosen_at_machine=False)) is True
     assert approved_by_request(*sale("kiosk_api:screen", chosen_at_machine=True)) is False
+
+
+@pytest.mark.parametrize(("cents", "mono", "read"), [
+    (250, 12.5, (250, 12.5)),  # as the flow writes it
+    (250, 12, (250, 12.0)),  # a whole second is still a time
+    (0, 12.5, (None, 12.5)),  # the flow approves no vend of nothing (vend_refusal)
+    (-250, 12.5, (None, 12.5)),
+    ("250", "12.5", (None, None)),  # text: not as the flow writes it
+    (True, False, (None, None)),  # a flag is no amount and no time
+    (None, None, (None, None)),
+])
+def test_recovery_reads_a_customers_choice_once_for_telling_and_for_listening(
+    cents: Any, mono: Any, read: tuple[int | None, float | None]
+) -> None:
+    """``dispense.chosen`` is read in one place (``customer_choice``) for both uses: a price
+    or time not as the flow writes it reads None. Telling (``unheard_vend``) tells all the
+    same, at the sale's price; listening (``Recovery._hearing``) needs both, else none."""
+    from kiosk_agent.sales.recovery import customer_choice
+
+    record = SaleRecord(sale_id="s1", order_id="KAS1", source="mdb:front",
+                        flow="authorize_capture", terminal="SIM-0001", amount_cents=500,
+                        state=SaleState.DISPENSING, product=None)
+    steps = [StepRecord("s1", 1.0, Step.DISPENSE_REQUEST, SaleState.DISPENSING, {}),
+             StepRecord("s1", 2.0, Step.DISPENSE_CHOSEN, SaleState.DISPENSING,
+                        {"product": "A2", "cents": cents, "mono": mono})]
+    chosen = customer_choice(steps)
+    assert chosen is not None
+    assert (chosen.product, chosen.cents, chosen.mono) == ("A2", *read)
+    assert unheard_vend(record, steps) == ("A2", read[0] or 500)
+    assert customer_choice(steps[:1]) is None
