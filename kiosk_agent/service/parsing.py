@@ -116,14 +116,23 @@ def charge_card_result(
     if interaction.result is None or interaction.status != InteractionStatus.SUCCEEDED:
         return None
     what = f"charge-card {interaction.interaction_id} result"
-    checked = _charge_checked
-    if checked is not None and checked[0] is interaction.result:
-        result = checked[1]  # the record's result as parse_interaction checked it: not again
-    else:
-        result = parse(ChargeResult, interaction.result, what=what, prefix="result")
+    result = _charge_of(interaction, what)
     asked = {"order_id": order_id, "mid": mid, "currency": currency}
     fields = [name for name, value in asked.items() if value is not None]
     return answer_to(asked, result, fields, what)
+
+
+def _charge_of(interaction: Interaction, what: str) -> ChargeResult:
+    """A succeeded charge-card's result as its model, or InvalidResponseError naming the field:
+    validated once, the first time it is asked for, and kept with the record
+    (``Interaction.charge_result``): ``parse_interaction``'s check, then the sale's reading."""
+    try:
+        result = interaction.charge_result
+    except ValidationError as exc:
+        raise invalid_response(exc, interaction.result, what=what, prefix="result") from None
+    if result is None:  # a success without a result: refused as the model refuses None
+        return parse(ChargeResult, interaction.result, what=what, prefix="result")
+    return result
 
 
 def parse_json(model: type[M], body: bytes, *, what: str) -> M:
@@ -205,7 +214,6 @@ def parse_interaction(
     ``asked``: the interaction id and kind the caller asked about. A record of another id or
     kind is not its answer; one naming no kind has its result checked as the kind asked (a
     read or charge whose result is not one would reach the sale unchecked)."""
-    global _charge_checked  # a one-entry memo (below)
     interaction = parse(Interaction, data, what=what)
     kind = interaction.kind
     if asked is not None:
@@ -222,14 +230,6 @@ def parse_interaction(
         if kind == InteractionKind.READ_CARD:
             parse(ReadCardResult, interaction.result, what=what, prefix="result")
         elif kind == InteractionKind.CHARGE_CARD:
-            checked = parse(ChargeResult, interaction.result, what=what, prefix="result")
-            _charge_checked = (interaction.result, checked)
+            _charge_of(interaction, what)  # kept with the record: the sale reads it after
     return interaction
 
-
-# The last charge-card result parse_interaction checked, beside the record's result it was read
-# from (held here, so no other object can take that identity): the sale reads the same record's
-# result next (charge_card_result) and takes the model as it is instead of validating the same
-# dict a second time (a pydantic validation and two Python calls a charge). Any other record,
-# or one read in between, is validated as before.
-_charge_checked: tuple[dict[str, Any] | None, ChargeResult] | None = None

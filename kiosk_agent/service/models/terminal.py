@@ -2,6 +2,7 @@
 
 
 import enum
+import functools
 from datetime import datetime
 from typing import Any
 
@@ -123,9 +124,12 @@ class Interaction(ServiceModel):
             return None
         return ReadCardResult.model_validate(self.result)
 
-    @property
+    @functools.cached_property
     def charge_result(self) -> ChargeResult | None:
-        """The typed result of a succeeded charge-card, else None."""
+        """The typed result of a succeeded charge-card, else None: validated once and kept with
+        the record (``parse_interaction`` checks it; the sale reads it after: one validation,
+        not two). Kept in the instance's ``__dict__``, beside the fields: no dump, copy or
+        comparison of the record names it (pydantic compares fields only)."""
         if self.result is None or self.status != InteractionStatus.SUCCEEDED:
             return None
         return ChargeResult.model_validate(self.result)
