@@ -233,3 +233,35 @@ def test_a_terminals_path_is_quoted_once() -> None:
             path = _device(device_id)
         assert path.endswith("/" + quote(device_id, safe=""))
         assert calls == []
+
+
+def test_a_charge_cards_result_is_validated_once_and_kept_with_its_record() -> None:
+    # parse_interaction checks a succeeded charge-card's result; the sale reads the same record
+    # after (charge_card_result): one ChargeResult validation between them, kept on the record
+    # (no module-level memo), not in its dump, and not in its equality with the same answer
+    from pydantic import BaseModel
+
+    from kiosk_agent.service.models import InteractionKind
+    from kiosk_agent.service.parsing import charge_card_result, parse_interaction
+
+    data = {"interaction_id": "i-1", "kind": "charge_card", "status": "succeeded",
+            "result": {"result": "A", "trans_id": "t-1", "order_id": "KA1", "amount": 300}}
+    asked = ("i-1", InteractionKind.CHARGE_CARD)
+    validations: list[str] = []
+    real = BaseModel.model_validate.__func__  # type: ignore[attr-defined]
+
+    def counted(cls: type[BaseModel], obj: Any, *args: Any, **kwargs: Any) -> Any:
+        validations.append(cls.__name__)
+        return real(cls, obj, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(BaseModel, "model_validate", classmethod(counted))
+        record = parse_interaction(data, what="x", asked=asked)
+        result = charge_card_result(record, "KA1")
+        again = charge_card_result(record, "KA1")
+    assert validations == ["Interaction", "ChargeResult"]
+    assert result is again is record.charge_result
+    assert result is not None
+    assert (result.trans_id, result.amount) == ("t-1", 300)
+    assert "charge_result" not in record.model_dump()
+    assert record == parse_interaction(data, what="x", asked=asked)  # not read yet: equal
