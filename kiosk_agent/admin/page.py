@@ -48,7 +48,7 @@ from aiohttp import web
 from kiosk_agent.card_brands import card_brand_name
 from kiosk_agent.doctor import Report, Verdict, check_running
 from kiosk_agent.health.model import UNIX_TIMES
-from kiosk_agent.health.readers import availability
+from kiosk_agent.health.readers import availability, held_by_recovery
 from kiosk_agent.logs import RefusalLog
 from kiosk_agent.moments import day_bounds
 from kiosk_agent.money import format_cents
@@ -776,7 +776,7 @@ def health_changes(before: dict[str, Any] | None, after: dict[str, Any]) -> list
         device, earlier = state["device_id"], was.get(state["device_id"])
         if earlier is None or _takes(earlier) == _takes(state):
             continue
-        if state.get("available") and state.get("recovering"):  # in service, held: no sale
+        if held_by_recovery(state):  # in service, held: no sale
             text = f"{device} cannot take cards: {state['recovering']}"
         elif state.get("available"):
             text = f"{device} can take cards" + ("" if earlier.get("starting") else " again")

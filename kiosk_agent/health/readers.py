@@ -7,6 +7,7 @@ agent over a plain socket and must not import a web server to say "2 of 2 reader
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -23,8 +24,7 @@ def availability(snapshot: dict[str, Any]) -> dict[str, Any]:
     ``level`` is ``ok`` when all can, ``degraded`` when some cannot, ``down`` when none can."""
     states = snapshot.get("availability") or []
     names = {t["device_id"]: t.get("name") for t in snapshot.get("terminals", [])}
-    out = [s for s in states
-           if not s.get("available", True) or s.get("failing") or s.get("recovering")]
+    out = [s for s in states if not takes_cards(s) or s.get("failing")]
     able = len(states) - len(out)
     if not states:
         return {"available": False, "level": "down", "summary": "no reader checked yet",
@@ -35,9 +35,9 @@ def availability(snapshot: dict[str, Any]) -> dict[str, Any]:
             "device_id": s["device_id"],
             "name": names.get(s["device_id"]),
             "reason": _cannot_reason(s),
-            "since": s.get("since") if not s.get("available", True) else None,
+            "since": s.get("since") if not s.get("available") else None,
             "starting": bool(s.get("starting")),
-            "until": s.get("recovering_until") if _held(s) else None,
+            "until": s.get("recovering_until") if held_by_recovery(s) else None,
         }
         for s in out
     ]
@@ -54,15 +54,23 @@ def availability(snapshot: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _held(state: dict[str, Any]) -> bool:
-    """In service, but held by recovery: what it does there is why it cannot."""
-    return bool(state.get("available", True) and state.get("recovering"))
+def takes_cards(state: Mapping[str, Any]) -> bool:
+    """``AvailabilityHealth.takes_cards`` of a terminal's availability as the snapshot holds it
+    (a dict): in service and not held by recovery. The page, its event log and ``kiosk-agent
+    health`` read it here, none its own. A state naming no ``available`` (the model always
+    names it) is read as out of service: never said to take cards on a guess."""
+    return bool(state.get("available")) and not state.get("recovering")
+
+
+def held_by_recovery(state: Mapping[str, Any]) -> bool:
+    """In service, but held by recovery: what it does there is why it cannot take cards."""
+    return bool(state.get("available")) and bool(state.get("recovering"))
 
 
 def _cannot_reason(state: dict[str, Any]) -> str:
-    if _held(state):
+    if held_by_recovery(state):
         return str(state["recovering"])
-    if state.get("available", True):
+    if state.get("available"):
         return f"{state['failing']} (checked again before it is taken out of service)"
     reason = state.get("reason") or "unavailable"
     return f"starting: {reason}" if state.get("starting") else reason

@@ -562,3 +562,41 @@ async def test_the_doctor_runs_again_when_a_problem_comes_not_when_a_countdown_t
     await page._doctor_task._task
     assert runs[-1] == ["API key expires in 3599 s", "terminal SIM-0001 offline"]
     assert len(runs) == 2
+
+
+@pytest.mark.parametrize("available", [True, False], ids=["in", "out"])
+@pytest.mark.parametrize("recovering", ["", "recovering: listening for the vend result of sale "
+                                            "1a7e0001 until 10:15:30Z"], ids=["free", "held"])
+def test_the_page_and_the_health_command_read_takes_cards_as_the_health_model_does(
+    available: bool, recovering: str
+) -> None:
+    # One reading of "takes cards" (AvailabilityHealth.takes_cards): the readers' count (the
+    # page's and `kiosk-agent health`'s) and the page's event log say of a terminal what the
+    # health model's own property says, on the same health as the admin API sends it.
+    from kiosk_agent.health.model import UNIX_TIMES, AvailabilityHealth
+    from kiosk_agent.health.readers import takes_cards
+
+    model = AvailabilityHealth(device_id="A", available=available, since=1.0,
+                               reason="" if available else "terminal offline",
+                               recovering=recovering,
+                               recovering_until=1796000130.0 if recovering else None)
+    state = model.model_dump(mode="json", context=UNIX_TIMES)
+    assert takes_cards(state) is model.takes_cards
+    shown = availability({"availability": [state]})
+    assert (shown["able"], [c["device_id"] for c in shown["cannot"]]) == (
+        (1, []) if model.takes_cards else (0, ["A"]))
+    # the event log: the change into this state, from its opposite, says the same
+    opposite = {**state, "available": True, "recovering": "" if not model.takes_cards
+                else "recovering: listening"}
+    assert takes_cards(opposite) is not model.takes_cards
+    base = {"status": "ok", "problems": []}
+    [note] = health_notes({**base, "availability": [opposite]}, {**base, "availability": [state]})
+    assert note.startswith("A can take cards" if model.takes_cards else "A cannot take cards"), note
+    # a state that names no availability (none the model makes) is never said to take cards
+    unnamed = {k: v for k, v in state.items() if k != "available"}
+    assert not takes_cards(unnamed)
+    assert availability({"availability": [unnamed]})["able"] == 0
+    [note] = health_notes({**base, "availability": [{**unnamed, "available": True,
+                                                     "recovering": ""}]},
+                          {**base, "availability": [unnamed]})
+    assert note.startswith("A cannot take cards"), note
