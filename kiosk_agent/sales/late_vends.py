@@ -53,7 +53,7 @@ class LateVend:
     at: float  # when it was heard (Unix time)
     # not heard but possible: why the product may have gone out (a dispenser that raised after
     # its relay may have fired, a vend in flight when the agent stopped:
-    # ``LateVendWatch.maybe_dispensed``); "" for a vend heard
+    # ``LateVendWatch.noted``); "" for a vend heard
     unsure: str = ""
     # the price of the vend in cents (recovery's maybe: the price the vend was approved for,
     # the customer's choice card first); None where the note names none (a vend heard, a note
@@ -140,8 +140,8 @@ def _late_vend(step: StepRecord) -> LateVend:
 
 def maybe_note(product: str | None, source: str, why: str, cents: int) -> dict[str, Any]:
     """The detail of a ``late.vend`` step for a vend that may have been made unheard (``why``):
-    what the runner's :meth:`LateVendWatch.maybe_dispensed` journals, and what recovery writes
-    in the very commit of its give-back (sales/recovery.py), the vend's price with it."""
+    what a sale (the flows' ``not_dispensed``, recovery: sales/recovery.py) journals in the very
+    commit of its give-back, the vend's price with it, then tells :meth:`LateVendWatch.noted`."""
     return {"product": product or "", "source": source, "unsure": why[:200], "cents": cents}
 
 
@@ -173,20 +173,14 @@ class LateVendWatch:
         """A vend success for ``sale_id`` after its sale gave up waiting: a note on the sale."""
         self._note(sale_id, {"product": product or "", "source": source})
 
-    def maybe_dispensed(self, sale_id: str, product: str | None, source: str, why: str) -> None:
-        """``sale_id``'s vend may have been made unheard (``why``): its dispenser raised after it
-        may have moved the machine (a relay fired first), or recovery found it in flight and
-        heard no result: its money went back, and the product may have gone out. Not heard, so
-        not said as dispensed, but told to a person as a late vend is (a note on the sale, a
-        problem in health until acknowledged), never silently."""
-        _LOGGER.warning("sale %s: %s; the money went back, and the product %s may have gone "
-                        "out: told to a person", sale_id, why, product or "(unnamed)")
-        self._note(sale_id, {"product": product or "", "source": source, "unsure": why[:200]})
-
     def noted(self, sale_id: str, detail: Mapping[str, Any]) -> None:
-        """A maybe (:func:`maybe_note`) its sale journaled itself, in the commit that decided to
-        give the money back (recovery): said in the log and told to health, as
-        :meth:`maybe_dispensed` does once it wrote it."""
+        """``sale_id``'s vend may have been made unheard: its dispenser raised after it may have
+        moved the machine (a relay fired first), its vend timeout passed, or recovery found it
+        in flight and heard no result. The sale journaled the note itself (:func:`maybe_note`),
+        in the commit that decided to give its money back (``SaleSteps.told_in_one_commit``):
+        here it is said in the log and told to health. Not heard, so not said as dispensed,
+        but told to a person as a late vend is (a problem in health until acknowledged), never
+        silently."""
         _LOGGER.warning("sale %s: %s; the money goes back, and the product %s may have gone "
                         "out: told to a person", sale_id, detail.get("unsure"),
                         detail.get("product") or "(unnamed)")

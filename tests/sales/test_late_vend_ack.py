@@ -12,9 +12,9 @@ import pytest
 from kiosk_agent.cli import main
 from kiosk_agent.sales.journal import Journal, SaleRecord
 from kiosk_agent.sales.journal_reads import SaleNotFound
-from kiosk_agent.sales.late_vends import LateVendWatch
+from kiosk_agent.sales.late_vends import LateVendWatch, maybe_note
 from kiosk_agent.sales.model import Flow
-from kiosk_agent.sales.states import SaleState
+from kiosk_agent.sales.states import SaleState, Step
 
 from ..helpers import walk_to
 
@@ -71,6 +71,18 @@ def test_the_command_refuses_a_start_of_several_ids(
     assert "2 late vends not acknowledged" in capsys.readouterr().out
 
 
+def _told_maybe(journal: Journal, watch: LateVendWatch, sale_id: str, product: str,
+                source: str, why: str) -> None:
+    """A maybe late vend as the product tells it: the sale journals the note itself (in the
+    commit that gives its money back: ``SaleSteps.told_in_one_commit``), then the watch is told
+    (``LateVendWatch.noted``: the log line, health)."""
+    record = journal.get(sale_id)
+    assert record is not None
+    told = maybe_note(product, source, why, record.amount_cents)
+    journal.record(record, Step.LATE_VEND, detail=told)
+    watch.noted(sale_id, told)
+
+
 def test_health_counts_a_maybe_dispensed_product_as_maybe_not_as_dispensed(
     journal: Journal,
 ) -> None:
@@ -84,7 +96,7 @@ def test_health_counts_a_maybe_dispensed_product_as_maybe_not_as_dispensed(
     ))  # fmt: skip
     walk_to(journal, record, SaleState.REVERSED)
     watch = LateVendWatch(journal, journal.clock)
-    watch.maybe_dispensed("maybe001", "C1", "gpio:front", "dispenser error: line 22")
+    _told_maybe(journal, watch, "maybe001", "C1", "gpio:front", "dispenser error: line 22")
     problem = watch.problem()
     assert problem is not None
     assert problem.startswith(
@@ -113,7 +125,8 @@ def test_the_command_says_a_maybe_may_have_dispensed_never_dispensed(
     ))  # fmt: skip
     walk_to(journal, record, SaleState.REVERSED)
     why = "the agent stopped mid-vend; no vend result heard after the restart"
-    LateVendWatch(journal, journal.clock).maybe_dispensed("maybe001", "C1", "mdb:front", why)
+    _told_maybe(journal, LateVendWatch(journal, journal.clock), "maybe001", "C1", "mdb:front",
+                why)
     journal.close()
     (tmp_path / "config.yaml").write_text(
         "service: {simulator: {time_scale: 300}}\n"
