@@ -662,12 +662,17 @@ class Journal(JournalReads, JournalPrune):
         if self._db is None:
             raise JournalError("the journal is not open")
         if self._created is not None or self._updated is not None:
-            self._created_in(self._db)  # a statement of the batch's: what it holds is in first
+            self._write_held()  # a statement of the batch's: what it holds is in first
         return self._db
 
-    def _created_in(self, db: sqlite3.Connection) -> None:
-        """What this batch holds (a sale created, a sale's steps) written now: a failing disk
-        fails the batch; a sale found moved raises :class:`SaleMoved`."""
+    def _write_held(self) -> None:
+        """What this batch holds so far (a sale created in it, a sale's steps), written now, in
+        the batch's transaction: before the journal's next statement (:attr:`db` calls it), or
+        another sale's step. Nothing held: nothing written. A failing disk fails the batch; a
+        sale found moved raises :class:`SaleMoved`."""
+        db = self._db
+        if db is None:
+            raise JournalError("the journal is not open")
         try:
             self._write_created(db)
             self._write_updated(db)
@@ -830,7 +835,7 @@ class Journal(JournalReads, JournalPrune):
         last state, with its steps in one statement. Nobody else can write it meanwhile: it is
         on disk from the commit on, as when it was inserted first."""
         if self._created is not None or self._updated is not None:  # what it holds: first
-            self._created_in(self.db)
+            self._write_held()
         now = self.clock.time()
         sale = replaced(sale, updated_at=now, created_at=now)
         self._created = _Created(
@@ -936,7 +941,7 @@ class Journal(JournalReads, JournalPrune):
         if state is not None and state != expected._value_:
             raise SaleMoved(sale.sale_id, SaleState(state))  # as this batch wrote it: moved
         if held is not None and held.sale_id != sale.sale_id:
-            self._created_in(self.db)
+            self._write_held()
             held = None
         new_state = updated.state
         try:
@@ -947,7 +952,7 @@ class Journal(JournalReads, JournalPrune):
             raise
         if held is None:
             if self._created is not None:  # the sale created in the batch goes in first
-                self._created_in(self.db)
+                self._write_held()
             held = self._updated = _Updated(sale.sale_id, expected._value_)
         held.assignments.update(assignments)
         held.state = new_state._value_
