@@ -198,7 +198,13 @@ class EagerStart(Generic[T]):
     A cancel that comes before that scheduled step reaches the work where it waits, as a task's
     cancel does: what it waits on is cancelled and waited for to its end (a task it awaits ends
     its cleanup first); an error of the first step is the task's, raised where it is awaited.
-    The step runs in the task's own copy of the context."""
+    The step runs in the task's own copy of the context.
+
+    Running a task's step by hand rests on asyncio's own task switch, which is private
+    (``asyncio.tasks._enter_task``/``_leave_task``, 3.11 to 3.13). A Python without them gets
+    the public path instead: :meth:`first_step` does nothing and the task's scheduled step runs
+    the work a loop turn later, as any task ``create_task`` makes (slower by that turn, the
+    sale the same)."""
 
     __slots__ = ("_context", "_resumed", "task")
 
@@ -213,20 +219,25 @@ class EagerStart(Generic[T]):
     def first_step(self) -> None:
         """Run the work to its first wait now, as its task (once; the maker's caller's task,
         if any, is current again after it). Nothing, when the task has stepped already (a loop
-        whose task factory starts tasks eagerly ran it in the making)."""
+        whose task factory starts tasks eagerly ran it in the making), or where asyncio has no
+        task switch to lend (the class's docstring): the task steps at its scheduled turn."""
         if self._resumed.started:
+            return
+        enter = getattr(_asyncio_tasks, "_enter_task", None)
+        leave = getattr(_asyncio_tasks, "_leave_task", None)
+        if enter is None or leave is None:  # a Python without them: the task's own turn
             return
         loop = self.task.get_loop()
         caller = asyncio.current_task(loop)
         if caller is not None:
-            _asyncio_tasks._leave_task(loop, caller)
-        _asyncio_tasks._enter_task(loop, self.task)
+            leave(loop, caller)
+        enter(loop, self.task)
         try:
             self._context.run(self._resumed.step_first)
         finally:
-            _asyncio_tasks._leave_task(loop, self.task)
+            leave(loop, self.task)
             if caller is not None:
-                _asyncio_tasks._enter_task(loop, caller)
+                enter(loop, caller)
 
 
 _WAITS, _RETURNED, _RAISED = 0, 1, 2

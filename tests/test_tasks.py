@@ -667,3 +667,27 @@ def test_an_eager_first_steps_system_exit_leaves_the_loop_once() -> None:
             task.cancel()
         loop.run_until_complete(asyncio.sleep(0))
         loop.close()
+
+
+@pytest.mark.parametrize("hidden", ["_enter_task", "_leave_task"])
+async def test_an_eager_start_without_asyncios_task_switch_takes_the_tasks_own_turn(
+    monkeypatch: pytest.MonkeyPatch, hidden: str
+) -> None:
+    # asyncio's task switch is private: a Python without it (either half) degrades to a task
+    # as create_task makes it, its first step at its scheduled turn, never to an error
+    monkeypatch.delattr(asyncio.tasks, hidden)
+    caller = asyncio.current_task()
+    ran: list[Any] = []
+
+    async def work() -> str:
+        ran.append(asyncio.current_task())
+        async with asyncio.timeout(10):  # needs the task: raises outside one
+            await asyncio.sleep(0)
+        return "completed"
+
+    starting = EagerStart(work(), name="sale-1")
+    starting.first_step()
+    assert ran == []  # not by hand: nothing ran in the maker's turn
+    assert asyncio.current_task() is caller
+    assert await starting.task == "completed"
+    assert ran == [starting.task]  # its own step, as the task

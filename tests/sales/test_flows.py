@@ -1141,3 +1141,22 @@ async def test_the_events_of_steps_published_after_a_send_are_made_after_it(
     assert made == Counter(e.step for e in heard)  # follow a later one's: one a step, none twice
     assert [e.step for e in heard] == [s.step for s in agent.journal.steps(event.sale_id)]
     assert heard[-1] is event  # the end returned is the one heard
+
+
+@pytest.mark.parametrize("hidden", ["_enter_task", "_leave_task"])
+async def test_a_sale_is_made_whole_where_asyncio_has_no_task_switch_to_lend(
+    agent: Agent, monkeypatch: pytest.MonkeyPatch, hidden: str
+) -> None:
+    # The sale's first step is run by hand in the runner's turn (tasks.EagerStart) with
+    # asyncio's private task switch; a Python without it sells as before, the first step a
+    # loop turn later (the task's own): charged, vended and captured, its journal whole
+    monkeypatch.delattr(asyncio.tasks, hidden)
+    machine = ScriptedDispenser(vended_cents=175)
+    event = await sell(agent, 300, machine, flow=Flow.AUTHORIZE_CAPTURE)
+    assert (event.state, event.captured_cents, machine.authorized) == (
+        SaleState.COMPLETED, 175, [300])
+    sale = agent.journal.get(event.sale_id)
+    assert sale is not None
+    assert sale.state is SaleState.COMPLETED
+    [row] = await ledger(agent, sale.order_id)
+    assert (row.status, row.amount_cents) == (TransStatus.CAPTURED, 175)
