@@ -105,6 +105,27 @@ async def _vend_timeout_waits(clock: FakeClock, seconds: float) -> None:
     await until(lambda: any(abs(at - due) < 1e-6 for at in clock.pending()))
 
 
+async def _given_back_at_its_vend_timeout(
+    agent: Any, controller: VirtualController, clock: FakeClock, seconds: float,
+    fail: bool = False,
+) -> tuple[asyncio.Task[Any], SaleRecord]:
+    """A customer's B1 approved, the machine dropping it (on its own clock, not moved), while
+    the sale's vend timeout (``seconds`` on the agent's ``clock``) passes: the money goes back.
+    The customer's visit (``fail``: the drop ends in a failure, when the test moves the
+    machine's clock) and the sale as it ended."""
+    await asyncio.wait_for(controller.wait_enabled(), 5)
+    visit = asyncio.create_task(controller.customer("B1", fail=fail))
+    await _dropping(controller.clock)
+    [record] = agent.journal.query()
+    await until(lambda: agent.journal.get(record.sale_id).state is SaleState.DISPENSING)
+    await _vend_timeout_waits(clock, seconds)
+    await clock.advance(seconds)  # the vend timeout: the money goes back
+    await until(lambda: agent.journal.get(record.sale_id).state.final)
+    ended = agent.journal.get(record.sale_id)
+    assert ended is not None
+    return visit, ended
+
+
 async def _dropped(machine_clock: FakeClock) -> None:
     """The product being dropped is out (the machine's drop time passed on its clock)."""
     await machine_clock.advance_to(await machine_clock.next_due(pauses_only=False,
@@ -145,15 +166,8 @@ async def test_a_vend_success_after_the_vend_timeout_reaches_a_person(
     trigger = {**_MACHINES[kind], "port": controller.port, "vend_timeout": 0.5}
     clock, controller.clock = FakeClock(), FakeClock()
     async with running_agent(tmp_path, sim_settings, [trigger], clock=clock) as agent:
-        await asyncio.wait_for(controller.wait_enabled(), 5)
-        visit = asyncio.create_task(controller.customer("B1"))
-        await _dropping(controller.clock)
-        [record] = agent.journal.query()
-        await until(lambda: agent.journal.get(record.sale_id).state is SaleState.DISPENSING)
-        await _vend_timeout_waits(clock, 0.5)
-        await clock.advance(0.5)  # the vend timeout: the money goes back
-        await until(lambda: agent.journal.get(record.sale_id).state.final)
-        assert agent.journal.get(record.sale_id).state is SaleState.REVERSED
+        visit, record = await _given_back_at_its_vend_timeout(agent, controller, clock, 0.5)
+        assert record.state is SaleState.REVERSED
         await _dropped(controller.clock)  # then the B1 comes out after all
         assert (await asyncio.wait_for(visit, 10)).outcome is VisitOutcome.VENDED
         await told_to_a_person(agent, record.sale_id, "B1")

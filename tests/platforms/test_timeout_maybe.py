@@ -34,7 +34,7 @@ from kiosk_agent.sim.machine import VirtualController
 from ..helpers import until
 from .agent_rig import running_agent
 from .test_kiosk_api import _confirming_on, _ended
-from .test_late_vends import _MACHINES, _dropped, _dropping, _vend_timeout_waits
+from .test_late_vends import _MACHINES, _dropped, _given_back_at_its_vend_timeout
 
 
 def told_after_the_restart(
@@ -80,14 +80,7 @@ async def test_a_vend_timeout_then_a_restart_with_nothing_heard_is_told(
     trigger = {**_MACHINES[kind], "port": controller.port, "vend_timeout": 0.5}
     clock, controller.clock = FakeClock(), FakeClock()
     async with running_agent(tmp_path, sim_settings, [trigger], clock=clock) as agent:
-        await asyncio.wait_for(controller.wait_enabled(), 5)
-        visit = asyncio.create_task(controller.customer("B1"))
-        await _dropping(controller.clock)
-        [record] = agent.journal.query()
-        await until(lambda: agent.journal.get(record.sale_id).state is SaleState.DISPENSING)
-        await _vend_timeout_waits(clock, 0.5)
-        await clock.advance(0.5)  # the vend timeout: the money goes back
-        await until(lambda: agent.journal.get(record.sale_id).state.final)
+        visit, record = await _given_back_at_its_vend_timeout(agent, controller, clock, 0.5)
     async with running_agent(tmp_path, sim_settings, [trigger]) as second:
         await asyncio.wait_for(second.recovery.wait(), 10)
         told_after_the_restart(tmp_path, capsys, second, record.sale_id, "B1", 325)
@@ -184,15 +177,9 @@ async def test_a_failure_heard_after_the_vend_timeout_closes_the_maybe(
     trigger = {**_MACHINES[kind], "port": controller.port, "vend_timeout": 0.5}
     clock, controller.clock = FakeClock(), FakeClock()
     async with running_agent(tmp_path, sim_settings, [trigger], clock=clock) as agent:
-        await asyncio.wait_for(controller.wait_enabled(), 5)
-        visit = asyncio.create_task(controller.customer("B1", fail=True))
-        await _dropping(controller.clock)
-        [record] = agent.journal.query()
-        await until(lambda: agent.journal.get(record.sale_id).state is SaleState.DISPENSING)
-        await _vend_timeout_waits(clock, 0.5)
-        await clock.advance(0.5)  # the vend timeout: the money goes back, a person is told
-        await until(lambda: agent.journal.get(record.sale_id).state.final)
-        assert agent.sales.late_vends.counts() == (0, 1)
+        visit, record = await _given_back_at_its_vend_timeout(agent, controller, clock, 0.5,
+                                                              fail=True)
+        assert agent.sales.late_vends.counts() == (0, 1)  # a person is told
         await _dropped(controller.clock)  # then the controller says the vend failed
         await asyncio.wait_for(visit, 10)
         await until(lambda: agent.sales.late_vends.counts() == (0, 0))
