@@ -895,6 +895,27 @@ class Journal(JournalReads, JournalPrune):
         if self._batching and step not in REOPENED_AFTER:
             return self._update_in_batch(sale, updated, step, detail, expected, changed,
                                          assignments, beside)
+        return self._write_step(sale, updated, step, detail, expected, changed, assignments,
+                                beside)
+
+    def _write_step(
+        self,
+        sale: SaleRecord,
+        updated: SaleRecord,
+        step: Step,
+        detail: Mapping[str, Any] | None,
+        expected: SaleState,
+        changed: frozenset[str],
+        assignments: dict[str, Any],
+        beside: bool,
+    ) -> SaleRecord:
+        """:meth:`record`'s write of one step at once, in a transaction of its own (or the
+        batch's it joins: a step reopening a sale, ``REOPENED_AFTER``): checked against the
+        table, its UPDATE checked by ``AND state =`` (another writer moved it: SaleMoved, or
+        the refusal the disk's state gives), the row beside, the step's INSERT. The same
+        arguments as :meth:`_update_in_batch`, which holds the step for the batch's end
+        instead (tests/sales/test_journal_batches.py compares the two)."""
+        new_state, now = updated.state, updated.updated_at
         try:
             fsynced = not self._fsync_shared and step not in UNSYNCED_STEPS
             with self._transaction(fsynced=fsynced) as db:

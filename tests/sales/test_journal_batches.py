@@ -12,7 +12,6 @@ same in both, and so is what the flows' memory holds."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -26,7 +25,6 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from kiosk_agent.sales import journal as journal_module
 from kiosk_agent.sales.journal import Journal, JournalError, SaleMoved, SaleRecord
 from kiosk_agent.sales.states import SaleState, Step, TransitionRefused, check_transition
 
@@ -53,38 +51,12 @@ class Ticks:
 
 
 class OneStatementAStep(Journal):
-    """The reference: a step inside a batch written at once, as before the batch held them
-    (main's path: checked in memory, the UPDATE's own ``AND state =``, the row beside, the
-    step's INSERT)."""
+    """The reference: a step inside a batch written at once, as before the batch held them:
+    the journal's own write of a step outside a batch (``Journal._write_step``: checked in
+    memory, the UPDATE's own ``AND state =``, the row beside, the step's INSERT), in the
+    batch's transaction."""
 
-    def _update_in_batch(
-        self,
-        sale: SaleRecord,
-        updated: SaleRecord,
-        step: Step,
-        detail: Mapping[str, Any] | None,
-        expected: SaleState,
-        changed: frozenset[str],
-        assignments: dict[str, Any],
-        beside: bool,
-    ) -> SaleRecord:
-        new_state = updated.state
-        try:
-            with self._transaction() as db:
-                named = self._check_in_memory(db, sale, expected, new_state, step, changed)
-                assignments["sale_id"], assignments["was"] = sale.sale_id, expected._value_
-                sql = journal_module._update_sql(tuple(assignments))
-                if db.execute(sql, assignments).rowcount != 1:
-                    self._check(db, sale, expected, new_state, step, changed)
-                    raise SaleMoved(sale.sale_id, None)
-                if beside:
-                    journal_module._write_beside(db, sale.sale_id, updated.row())
-                self._insert_step(db, sale.sale_id, updated.updated_at, named, new_state,
-                                  detail)
-        except sqlite3.Error as err:
-            raise self._write_failed(err) from err
-        self._batch_states[sale.sale_id] = new_state._value_
-        return updated
+    _update_in_batch = Journal._write_step
 
 
 class FailsAt:
