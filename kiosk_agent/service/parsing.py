@@ -232,4 +232,3 @@ def parse_interaction(
         elif kind == InteractionKind.CHARGE_CARD:
             _charge_of(interaction, what)  # kept with the record: the sale reads it after
     return interaction
-
