@@ -105,4 +105,7 @@ def _named(pid: str) -> str:
     except OSError:
         return f"pid {pid}"
     command = " ".join(part.decode(errors="replace") for part in raw.split(b"\0") if part)
-    return f"pid {pid}: {command[:300]}" if command else f"pid {pid}"
+    # another program's words, shown in a log line and health: a line break or an escape in
+    # its arguments must not start a line of its own or reach a terminal
+    command = "".join(c if c.isprintable() else " " for c in command[:300])
+    return f"pid {pid}: {command}" if command else f"pid {pid}"
