@@ -383,8 +383,8 @@ class SerialLink:
         await asyncio.sleep(0)
         port = self.port_in_use or self.settings.port
         # what a tech's `screen` on the port then meets, said where they look (health's link)
-        self._set_state(LinkState.CONNECTED, f"{port}, held: other programs are refused it "
-                        "(root is not)" if self.held else port)
+        self._set_state(LinkState.CONNECTED, f"{port}, held: other programs are refused it; "
+                        "root is not" if self.held else port)
         if self._on_connected is not None:
             try:
                 await self._on_connected()

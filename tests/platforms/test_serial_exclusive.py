@@ -107,7 +107,7 @@ async def test_a_program_without_privileges_is_refused_the_readers_port_while_th
         assert await _open_as(adapter.port, "nobody") == "EBUSY"  # what screen or minicom meet
         # what health's link says meanwhile: a tech refused knows why
         assert states[-1] == (LinkState.CONNECTED, f"{adapter.port}, held: other programs are "
-                                                   "refused it (root is not)")
+                                                   "refused it; root is not")
         assert link.status()["held"] is True
         adapter.write(b"STATUS,IDLE\n")
         await until(lambda: lines == ["STATUS,IDLE"])
