@@ -2,11 +2,13 @@
 port (``/proc/net/tcp``): the process another program's lock or socket keeps this one out
 with, named in the refusal. Light (no asyncio, nothing of the project): the serial link (a
 reader ``flock``ed by another agent), the journal (its write lock held by a ``sqlite3``
-shell) and the kiosk API (its port taken by another agent) take it from here."""
+shell) and the kiosk API (its port taken by another agent) take it from here; so does the
+serial link for a terminal program that holds its port open (``openers``)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 LOCKS = "/proc/locks"
 
@@ -53,9 +55,21 @@ def listeners(port: int) -> list[str]:
             fields = row.split()  # sl local_address rem_address st ... uid timeout inode
             if len(fields) > 9 and fields[3] == "0A" and fields[1].endswith(f":{port:04X}"):
                 inodes.add(f"socket:[{fields[9]}]")
+    return _having(inodes.__contains__) if inodes else []
+
+
+def openers(path: str | os.PathLike[str]) -> list[str]:
+    """Each other process with the file at ``path`` open (a serial port a terminal program
+    reads and writes without a lock), as ``pid 901: screen /dev/ttyUSB0``: its descriptors in
+    ``/proc`` (another user's are not readable: none named)."""
+    target = os.path.realpath(path)
+    return _having(lambda link: link == target)
+
+
+def _having(wanted: Callable[[str], bool]) -> list[str]:
+    """Each other process with a descriptor whose link (``socket:[812]``, ``/dev/pts/3``) is
+    ``wanted``, named."""
     found: list[str] = []
-    if not inodes:
-        return found
     me = str(os.getpid())
     try:
         pids = [pid for pid in os.listdir("/proc") if pid.isdigit() and pid != me]
@@ -64,7 +78,7 @@ def listeners(port: int) -> list[str]:
     for pid in pids:
         try:
             descriptors = os.listdir(f"/proc/{pid}/fd")
-            if any(os.readlink(f"/proc/{pid}/fd/{fd}") in inodes for fd in descriptors):
+            if any(wanted(os.readlink(f"/proc/{pid}/fd/{fd}")) for fd in descriptors):
                 found.append(pid)
         except OSError:
             continue
@@ -91,4 +105,7 @@ def _named(pid: str) -> str:
     except OSError:
         return f"pid {pid}"
     command = " ".join(part.decode(errors="replace") for part in raw.split(b"\0") if part)
-    return f"pid {pid}: {command[:300]}" if command else f"pid {pid}"
+    # another program's words, shown in a log line and health: a line break or an escape in
+    # its arguments must not start a line of its own or reach a terminal
+    command = "".join(c if c.isprintable() else " " for c in command[:300])
+    return f"pid {pid}: {command}" if command else f"pid {pid}"

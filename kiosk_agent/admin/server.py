@@ -106,6 +106,9 @@ class AdminServer:
         self._site = LocalSite(
             conf["host"], conf["port"], name="admin", limits=HttpLimits.of(agent),
             health=getattr(agent, "health", None), counted_as="admin API",
+            # its port held by another program: waited for, the agent selling meanwhile (the
+            # page, /metrics and the API come once it is free), not an agent that cannot start
+            wait_for_port=True, waits=getattr(agent, "clock", None),
         )
         self._refused = RefusalLog(_LOGGER, "admin_api")
         self._tokens: list[tuple[str, bytes, str]] = [
@@ -155,7 +158,8 @@ class AdminServer:
         except BaseException:
             await self.prometheus.stop()
             raise
-        _LOGGER.info("admin API on %s", self.url)
+        if self._site.waiting is None:
+            _LOGGER.info("admin API on %s", self.url)
 
     async def stop(self) -> None:
         await self._site.stop()

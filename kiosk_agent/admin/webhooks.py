@@ -279,7 +279,8 @@ class WebhookReceiver:
         self._limits = HttpLimits.of(agent)
         self._health = getattr(agent, "health", None)
         self._site = LocalSite(conf["host"], conf["port"], name="webhooks", limits=self._limits,
-                               health=self._health, counted_as="webhook receiver")
+                               health=self._health, counted_as="webhook receiver",
+                               wait_for_port=True, waits=getattr(agent, "clock", None))
         self.path: str = conf["path"]
         self._max_body: int = conf["max_body"]
         self.store = SqliteIdempotencyStore(
@@ -308,7 +309,8 @@ class WebhookReceiver:
         self.store.open()
         self._replay()
         await self._site.start(self.app())
-        _LOGGER.info("boarding webhooks on %s", self.url)
+        if self._site.waiting is None:
+            _LOGGER.info("boarding webhooks on %s", self.url)
 
     async def stop(self) -> None:
         """Stop within the grace: requests in progress, then the store's pending writes."""

@@ -38,7 +38,6 @@ read (``customer.account_zip`` names the field).
 from __future__ import annotations
 
 import asyncio
-import errno
 import functools
 import hashlib
 import hmac
@@ -59,8 +58,6 @@ from aiohttp import WSMsgType, web
 from kiosk_agent.bus import EventBus, Subscription
 from kiosk_agent.config.load import PLATFORM_SCHEMA as BASE_PLATFORM_SCHEMA
 from kiosk_agent.config.load import max_price_check, positive_float, price_map, schema_built_on_read
-from kiosk_agent.config.registry import CannotStart
-from kiosk_agent.lock_holders import describe, listeners
 from kiosk_agent.logs import RefusalLog
 from kiosk_agent.money import MoneyError, cents_to_dollars, parse_price
 from kiosk_agent.platforms.base import Dispenser, LateVends, instance_name
@@ -358,6 +355,9 @@ class KioskApi:
             limits=HttpLimits.of(agent),
             health=getattr(agent, "health", None),  # a test's stand-in agent may have none
             refuse_unexpected=_unexpected,
+            # its port held by another program (a tech's agent): waited for on the agent's
+            # clock, the rest of the agent selling meanwhile, not given up until a restart
+            wait_for_port=True, waits=getattr(agent, "clock", None),
         )
         self._hosts = {*config["allowed_hosts"], config["host"].lower()} - _ANY_ADDRESS
         # Host headers already found allowed, as sent ("127.0.0.1:8090"): an app sends the same
@@ -393,20 +393,11 @@ class KioskApi:
         app.router.add_get("/api/v1/sales/{sale_id}/events", self._stream)
         app.router.add_get("/api/v1/events", self._stream)
         app.router.add_get("/api/v1/status", self._status)
-        try:
-            await self._site.start(app, guard=self._auth)
-        except OSError as err:
-            if err.errno != errno.EADDRINUSE:
-                raise
-            # another agent beside this one (a tech's `kiosk-agent run`) serves it: said in
-            # words, with who, not as a traceback
-            raise CannotStart(
-                f"cannot listen on {self.config['host']}:{self.config['port']}: the port is in "
-                f"use by {describe(listeners(self.config['port']))}; only one program may serve "
-                "the kiosk API there: stop that one first, or give this one its own port"
-            ) from None
+        # a port in use is waited for (web/server.py's PortWait: named in the log and health)
+        await self._site.start(app, guard=self._auth)
         self._unfollow = self.agent.events.listen(self._follow)
-        _LOGGER.info("%s: kiosk API on %s:%d", self.name, self.config["host"], self.port)
+        if self._site.waiting is None:
+            _LOGGER.info("%s: kiosk API on %s:%d", self.name, self.config["host"], self.port)
 
     async def stop(self) -> None:
         for dispenser in self._dispensers.values():
@@ -426,6 +417,7 @@ class KioskApi:
         return {
             "host": self.config["host"],
             "port": self.port,
+            "listening": self._site.listening(),  # or waiting for its port, held by whom
             "requests": self.requests,
             "rejected": self.rejected,
             "unexpected": self._site.unexpected,  # requests a handler failed (a bug)

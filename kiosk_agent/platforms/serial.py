@@ -14,8 +14,11 @@ import asyncio
 import contextlib
 import enum
 import errno
+import fcntl
+import functools
 import logging
 import random
+import termios
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import field
 from typing import Any
@@ -38,6 +41,39 @@ _LOGGER = logging.getLogger(__name__)
 
 class PortHeld(OSError):
     """The device node is locked by another process (another agent on the same reader)."""
+
+
+class HeldSerial(serial.Serial):  # type: ignore[misc]  # pyserial has no types
+    """A serial port this process keeps to itself while it is open.
+
+    pyserial's ``exclusive`` (``flock``, before anything is set on the port) keeps a second
+    agent out and lets it name the holder (``/proc/locks``); but ``flock`` is advisory: a
+    terminal program (``screen``, ``minicom``, ``cat``) opens the port without it and can write
+    into the live session. ``TIOCEXCL``, set as soon as pyserial's open returns, makes the
+    kernel refuse every further open of the tty with EBUSY ("Device or resource busy"), except
+    by a process with CAP_SYS_ADMIN (root): descriptors opened before it stay open. It is
+    cleared (``TIOCNXCL``) just before the close, in the same thread and on the same
+    descriptor: a tty whose other side stays (a pty) keeps the flag past a close otherwise.
+    zigpy's serial base and pyserial give ``flock`` alone; this is both."""
+
+    held = False  # TIOCEXCL set: further opens are refused (a tty; not a FIFO or a file)
+
+    def open(self) -> None:
+        super().open()
+        try:
+            fcntl.ioctl(self.fd, termios.TIOCEXCL)
+        except OSError as err:  # not a tty (ENOTTY): the flock alone keeps agents out
+            _LOGGER.warning("%s: other programs cannot be kept out of it (%s)", self.port,
+                            err.strerror or err)
+        else:
+            self.held = True
+
+    def close(self) -> None:
+        if self.held and self.fd is not None:
+            with contextlib.suppress(OSError):  # a device unplugged: nothing left to clear
+                fcntl.ioctl(self.fd, termios.TIOCNXCL)
+            self.held = False
+        super().close()
 
 
 class LinkState(enum.StrEnum):
@@ -166,6 +202,8 @@ class SerialLink:
         self._connected = asyncio.Event()
         self._stopping = False
         self.port_in_use: str | None = None
+        # the port open is kept from other programs (TIOCEXCL: HeldSerial): told in health
+        self.held = False
         # Mid-exchange (a sale under way), silence is expected, and the device's answer to a
         # probe (its resting status) would be misread as the exchange's end: no probe then.
         self.busy: Callable[[], bool] = lambda: False
@@ -220,6 +258,7 @@ class SerialLink:
             "state": self._state.value,
             "port": self.settings.port,
             "port_in_use": self.port_in_use,
+            "held": self.held and self.connected,
             "lines": self.stats.lines,
             "dropped": self.stats.dropped,
             "reconnects": self.stats.reconnects,
@@ -303,20 +342,32 @@ class SerialLink:
         # A device node is taken with flock before anything is set or read on it (pyserial's
         # `exclusive`): a second agent on the reader (a tech's `kiosk-agent run` beside the
         # unit's, its own journal or a copy) would read bytes the first never hears, a vend
-        # result among them, and write its own setup into the first one's session.
-        held = {} if "://" in port else {"exclusive": True}
-        try:
+        # result among them, and write its own setup into the first one's session; then with
+        # TIOCEXCL (HeldSerial), which refuses programs that take no flock (screen, minicom).
+        self.held = False
+        if "://" in port:
             await serial_asyncio_fast.create_serial_connection(
-                loop, lambda: protocol, port, baudrate=self.settings.baudrate, **held
+                loop, lambda: protocol, port, baudrate=self.settings.baudrate
             )
-        except serial.SerialException as err:
-            if err.errno not in (errno.EAGAIN, errno.EWOULDBLOCK) or not held:
-                raise
-            raise PortHeld(
-                f"held by another process ({port_holder(port)}); only one program "
-                "may use a reader: stop that one first (looked at again every "
-                f"{self.settings.appear_poll:g} s)"
-            ) from None
+        else:
+            opening = functools.partial(
+                HeldSerial, port, baudrate=self.settings.baudrate, exclusive=True
+            )
+            try:
+                device = await loop.run_in_executor(None, opening)
+            except serial.SerialException as err:
+                # EAGAIN: another's flock (an agent); EBUSY: another's TIOCEXCL (an agent under
+                # another user, without CAP_SYS_ADMIN, is refused at the open, before its flock)
+                if err.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EBUSY):
+                    raise
+                who = port_holder(port)  # "another process": none this process may see
+                raise PortHeld(
+                    f"held by {who if who == 'another process' else f'another process ({who})'}"
+                    "; only one program may use a reader: stop that one first (looked at "
+                    f"again every {self.settings.appear_poll:g} s)"
+                ) from None
+            await serial_asyncio_fast.connection_for_serial(loop, lambda: protocol, device)
+            self.held = device.held
         self._protocol = protocol
         self.port_in_use = port
         self.stats.connects += 1
@@ -330,7 +381,10 @@ class SerialLink:
             raise RuntimeError("the serial link has no protocol")
         # Let connection_made run before anything is written.
         await asyncio.sleep(0)
-        self._set_state(LinkState.CONNECTED, self.port_in_use or self.settings.port)
+        port = self.port_in_use or self.settings.port
+        # what a tech's `screen` on the port then meets, said where they look (health's link)
+        self._set_state(LinkState.CONNECTED, f"{port}, held: other programs are refused it; "
+                        "root is not" if self.held else port)
         if self._on_connected is not None:
             try:
                 await self._on_connected()

@@ -1,5 +1,6 @@
-"""The doctor's checks of the serial ports: each device there and this user may open it, each
-``socket://`` port answering (or, in the running agent, its own link's state).
+"""The doctor's checks of the serial ports: each device there and this user may open it, no
+other program beside the agent with it open, each ``socket://`` port answering (or, in the
+running agent, its own link's state).
 
 Beside the serial transport (``serial.py``) whose ports they check; ``doctor.py`` runs them.
 """
@@ -83,8 +84,27 @@ def check_serial_ports(report: Report, config: Config) -> None:
                 f"{shown} exists but this user cannot open it",
                 "add the service user to the dialout group (usermod -aG dialout USER)",
             )
+        elif others := _programs_on(path):
+            report.add(
+                check, Verdict.WARN,
+                f"{shown} present and accessible, but also open by {'; '.join(others)}: not "
+                "an agent (no flock), opened before the agent took the port, so not refused: "
+                "it reads what the reader sends and can write into the reader's session",
+                "close that program (a tech's screen or minicom), then restart the agent; "
+                "opened while the agent holds the port, it is refused",
+            )  # fmt: skip
         else:
             report.add(check, Verdict.PASS, f"{shown} present and accessible")
+
+
+def _programs_on(path: Path) -> list[str]:
+    """The other processes with the port open that are not an agent holding it (its flock):
+    a terminal program the hold (TIOCEXCL) could not refuse, having opened first. Looked for
+    here, on demand, not at each connect of the link: a look through /proc/*/fd."""
+    from kiosk_agent.lock_holders import holders, openers
+
+    agents = set(holders(path, kind="FLOCK"))
+    return [named for named in openers(path) if named not in agents]
 
 
 # pyserial's URLs that name a TCP host and port (ser2net, an ESP-Link, the virtual machine's)

@@ -44,8 +44,9 @@ def serial_ports_present(patterns: tuple[str, ...] = SERIAL_PORT_PATTERNS) -> li
 
 def port_holder(port: str) -> str:
     """Who holds ``port`` (a device node another process has ``flock``ed, as the serial link
-    does): ``pid 812: /opt/.../python -m kiosk_agent run -c ...``, or ``another process``
-    where that cannot be read (another user's process in a namespace this one cannot see)."""
-    from kiosk_agent.lock_holders import describe, holders
+    does; else each that has it open, as a program that set ``TIOCEXCL`` without ``flock``):
+    ``pid 812: /opt/.../python -m kiosk_agent run -c ...``, or ``another process`` where that
+    cannot be read (another user's process in a namespace this one cannot see)."""
+    from kiosk_agent.lock_holders import describe, holders, openers
 
-    return describe(holders(port, kind="FLOCK"))
+    return describe(holders(port, kind="FLOCK") or openers(port))

@@ -38,6 +38,13 @@ Limits (the ``http:`` section, :func:`kiosk_agent.web.schema.http_schema`), the 
   ``max_connections``. A stream never reads more than :data:`MAX_STREAM_FRAME` from its client;
 - a stop waits ``shutdown_grace`` for requests in progress, then cuts them.
 
+A port another program holds (``EADDRINUSE``) is waited for where the server's owner asks
+(``wait_for_port``: the kiosk API, the admin API with its ``/metrics``, the webhook receiver):
+the server is tried again on the monotonic clock it is given, :data:`PORT_WAIT_FIRST` seconds
+first and doubling to :data:`PORT_WAIT_MAX`, the holder named in the log, its status and
+health's problems meanwhile (:meth:`LocalSite.waiting_problem`), and serves within one step
+of the port being let go; the rest of the agent runs and sells meanwhile.
+
 Bodies from outside are read by :func:`read_json` (or :func:`loads_bounded` for raw bytes
 already read): bounded size, time, nesting and number length, so no body can make a handler
 fail with anything but a 4xx naming what was wrong.
@@ -138,9 +145,47 @@ LIMITS = web.AppKey("kiosk_agent.http_limits", HttpLimits)
 
 
 class ErrorCounts(Protocol):
-    """Where a site's unexpected errors are shown (the agent's health)."""
+    """Where a site's unexpected errors, and its wait for a port taken, are shown (the
+    agent's health)."""
 
     def count_errors_of(self, part: str, count: Callable[[], int]) -> None: ...
+
+    def report_problem_of(self, part: str, problem: Callable[[], str | None]) -> None: ...
+
+    def problem_changed(self) -> None: ...
+
+
+class Waits(Protocol):
+    """The clock a site waits for its port on (the agent's; a test's FakeClock)."""
+
+    def monotonic(self) -> float: ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class _MonotonicWaits:
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+# A port held by another program is tried again after this long, doubling to the cap: each
+# try is a bind, and the holder's name looked up again (a look through /proc/*/fd)
+PORT_WAIT_FIRST = 0.5
+PORT_WAIT_MAX = 5.0
+
+
+@data_class(slots=True)
+class PortWait:
+    """A site waiting for its port: who holds it, since when, how often tried (monotonic)."""
+
+    held_by: str
+    since: float
+    tries: int = 1
+    next_try_at: float = 0.0
+    error: str = ""  # the last try's failure, where it was not the port in use
 
 
 def unexpected_refusal(detail: str) -> web.Response:
@@ -358,9 +403,17 @@ class LocalSite:
         health: ErrorCounts | None = None,
         counted_as: str | None = None,
         refuse_unexpected: Callable[[str], web.StreamResponse] = unexpected_refusal,
+        wait_for_port: bool = False,
+        waits: Waits | None = None,
     ) -> None:
         self.host = host
         self.name = name
+        # a port in use: tried again on ``waits`` until it is free, not refused (ListenError)
+        self._wait_for_port = wait_for_port
+        self._waits: Waits = waits or _MonotonicWaits()
+        self.waiting: PortWait | None = None  # set while the port is held by another program
+        self._waiter: asyncio.Task[None] | None = None
+        self._told_health = False
         # a handler's unexpected error (a bug): answered refuse_unexpected(detail) (a 503 in the
         # API's own error form, never aiohttp's 500), logged, counted here and shown in
         # ``health`` (its unexpected errors) as ``counted_as``; the server goes on serving
@@ -454,20 +507,103 @@ class LocalSite:
             self._app_handler = handler
             server.request_handler = self._track
         self._runner = runner
+        if self._health is not None:
+            self._health.count_errors_of(self._counted_as, lambda: self.unexpected)
         try:
             self._listeners = await _listen(self.host, self._wanted_port)
         except OSError as err:
+            if err.errno == errno.EADDRINUSE and self._wait_for_port:
+                self._wait()
+                return
             await runner.cleanup()
             self._runner = None
             raise ListenError(self.name, self.host, self._wanted_port, err) from None
+        self._serve()
+
+    def _serve(self) -> None:
+        """Listening: accept from now on."""
         self.port = int(self._listeners[0].getsockname()[1])
-        if self._health is not None:
-            self._health.count_errors_of(self._counted_as, lambda: self.unexpected)
         self._start_accepting()
         _LIVE.add(self)
         _check_descriptors()
 
+    def _wait(self) -> None:
+        """The port is in use: name who holds it, and try again in a task of its own."""
+        now = self._waits.monotonic()
+        self.waiting = PortWait(held_by=_holder(self._wanted_port), since=now,
+                                next_try_at=now + PORT_WAIT_FIRST)
+        _LOGGER.warning(
+            "%s: cannot listen on %s:%d: the port is in use by %s; tried again in %g s, then "
+            "every %g s at most: served as soon as it is free", self.name, self.host,
+            self._wanted_port, self.waiting.held_by, PORT_WAIT_FIRST, PORT_WAIT_MAX,
+        )
+        if self._health is not None:
+            if not self._told_health:
+                self._health.report_problem_of(f"{self._counted_as} port", self.waiting_problem)
+                self._told_health = True
+            self._health.problem_changed()
+        self._waiter = asyncio.create_task(self._wait_for_free_port(), name=f"{self.name}-port")
+
+    async def _wait_for_free_port(self) -> None:
+        """Try the port again, each wait twice the last up to the cap, until it binds."""
+        delay = PORT_WAIT_FIRST
+        while (waiting := self.waiting) is not None:
+            await self._waits.sleep(max(0.0, waiting.next_try_at - self._waits.monotonic()))
+            try:
+                self._listeners = await _listen(self.host, self._wanted_port)
+            except Exception as err:  # still in use, or worse: said, and tried again all the same
+                delay = min(PORT_WAIT_MAX, delay * 2)
+                waiting.tries += 1
+                waiting.next_try_at = self._waits.monotonic() + delay
+                in_use = isinstance(err, OSError) and err.errno == errno.EADDRINUSE
+                why = "" if in_use else f"{type(err).__name__}: {err}"
+                holder = _holder(self._wanted_port) if in_use else waiting.held_by
+                if why != waiting.error or holder != waiting.held_by:
+                    waiting.error, waiting.held_by = why, holder
+                    _LOGGER.warning("%s: %s:%d still not served: %s", self.name, self.host,
+                                    self._wanted_port, why or f"in use by {holder}",
+                                    exc_info=not in_use and not isinstance(err, OSError))
+                continue
+            waited = self._waits.monotonic() - waiting.since
+            self.waiting = None
+            self._serve()
+            _LOGGER.warning("%s: listening on %s:%d at last, after %.1f s (%d tries)", self.name,
+                            self.host, self.port, waited, waiting.tries + 1)
+            if self._health is not None:
+                self._health.problem_changed()
+
+    def waiting_problem(self) -> str | None:
+        """Health's line while the port is held by another program; None once served."""
+        waiting = self.waiting
+        if waiting is None:
+            return None
+        return (f"{self._counted_as} not listening: waiting for port {self._wanted_port} on "
+                f"{self.host}, " + (waiting.error if waiting.error else
+                                   f"in use by {waiting.held_by}")
+                + f" (tried {waiting.tries} time(s), again every {PORT_WAIT_MAX:g} s at most;"
+                " served as soon as it is free)")
+
+    def listening(self) -> dict[str, Any]:
+        """The site's state for its owner's status: listening on a port, or waiting for it."""
+        waiting = self.waiting
+        if waiting is None:
+            return {"state": "listening" if self.port else "stopped", "port": self.port}
+        left = max(0.0, waiting.next_try_at - self._waits.monotonic())
+        return {"state": "waiting", "port": self._wanted_port, "held_by": waiting.held_by,
+                "error": waiting.error, "tries": waiting.tries,
+                "waiting_s": round(self._waits.monotonic() - waiting.since, 3),
+                "next_try_in_s": round(left, 3)}
+
     async def stop(self) -> None:
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            waiter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await waiter
+        if self.waiting is not None:
+            self.waiting = None
+            if self._health is not None:
+                self._health.problem_changed()
         _LIVE.discard(self)
         self._stop_accepting()  # no new connections
         for listener in self._listeners:
@@ -761,6 +897,13 @@ def _head_arrived(sock: socket.socket) -> bool:
     except OSError:  # nothing yet (BlockingIOError), or reset
         return False
     return b"\r\n\r\n" in head
+
+
+def _holder(port: int) -> str:
+    """Who listens on ``port`` (pid and command line), or ``another process``."""
+    from kiosk_agent.lock_holders import describe, listeners
+
+    return describe(listeners(port))
 
 
 async def _listen(host: str, port: int) -> list[socket.socket]:

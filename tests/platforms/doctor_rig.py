@@ -16,12 +16,15 @@ from ..helpers import endpoint_config
 
 @pytest.fixture
 def pty_port() -> Iterator[str]:
-    """A real pty: the mdb trigger's serial port (present and accessible)."""
+    """A real pty: the mdb trigger's serial port (present and accessible). Only the device's
+    side (the master) is kept open: a program with the port's own side open is one the doctor
+    warns of (a terminal program beside the agent)."""
     master, slave = os.openpty()
+    name = os.ttyname(slave)
+    os.close(slave)
     try:
-        yield os.ttyname(slave)
+        yield name
     finally:
-        os.close(slave)
         os.close(master)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 from typing import Any
 
@@ -108,3 +109,49 @@ def test_a_glob_port_is_checked_as_the_transport_opens_it(tmp_path: Path, sim: A
     assert [(c.verdict, c.detail) for c in report.checks] == [
         (Verdict.FAIL, f"{nothing} is not present")
     ]
+
+
+async def test_a_program_that_had_the_port_open_before_the_agent_is_a_warning(
+    tmp_path: Path, sim: Any, pty_port: str
+) -> None:
+    """The link's hold (TIOCEXCL) refuses opens after it, not a program that had the port
+    open before (a tech's screen left attached across a restart of the agent): doctor names
+    it, apart from the agent that holds the port (its flock), which is no warning."""
+    import sys
+
+    path = mixed_config(tmp_path, sim, pty_port)
+    holds = ("import fcntl, os, sys\nfd = os.open(sys.argv[1], os.O_RDWR | os.O_NOCTTY)\n"
+             "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('held', flush=True)\nsys.stdin.read()")
+    agent = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", holds, pty_port, "an-agent",
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+    port = os.open(pty_port, os.O_RDWR | os.O_NOCTTY)  # the program's, given as its stdin
+    try:
+        program = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", "import sys; sys.stdin.buffer.read(1)", "a-terminal-program",
+            stdin=port)
+    finally:
+        os.close(port)
+    try:
+        assert agent.stdout is not None
+        assert await asyncio.wait_for(agent.stdout.readline(), 30) == b"held\n"
+        report = Report()
+        check_serial_ports(report, load_config(path))
+        [check] = report.checks
+        assert check.verdict is Verdict.WARN
+        assert f"but also open by pid {program.pid}: " in check.detail
+        assert "a-terminal-program" in check.detail
+        assert "an-agent" not in check.detail
+        assert check.fix.startswith("close that program")
+
+        program.kill()
+        await program.wait()
+        report = Report()
+        check_serial_ports(report, load_config(path))
+        assert [(c.verdict, c.detail) for c in report.checks] == [
+            (Verdict.PASS, f"{pty_port} present and accessible")]
+    finally:
+        for child in (agent, program):
+            if child.returncode is None:
+                child.kill()
+                await child.wait()
