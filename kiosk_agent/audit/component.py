@@ -223,6 +223,12 @@ class AuditReads:
         comparison = recorded.comparison
         if comparison is not None and comparison.mismatch:
             _LOGGER.warning("audit mismatch on %s: %s", self.machine, comparison.text())
+        if comparison is not None and comparison.verdict == "books_reset":
+            # said once, here: no mismatch and no problem, a new baseline (docs/audit.md)
+            _LOGGER.info("audit of %s: %s", self.machine, comparison.text())
+            self._agent.event_log.record("books_reset", self.machine, {
+                "text": comparison.text(), "since": comparison.since, "until": comparison.until,
+            })
         self._report()
 
     # -- what the faces show ---------------------------------------------------------------------
@@ -244,11 +250,14 @@ class AuditReads:
             "last_read_at": self.last_read_at,
         }
 
-    def report(self) -> dict[str, Any]:
-        """What the faces show: the last read, each column's stock, the latest comparisons."""
+    def report(self, since: float | None = None) -> dict[str, Any]:
+        """What the faces show: the last read, each column's stock, the latest comparisons, and
+        every interval since ``since`` (by default as far back as mismatches are shown)."""
         settings = self.settings
-        return audit_report(self.store, settings.planogram, settings.low_stock,
-                            machine=self.machine)
+        if since is None:
+            since = self._agent.clock.time() - settings.mismatch_shown
+        return audit_report(self.store, settings.planogram, settings.low_stock, since=since,
+                            machine=self.machine, currency=self.currency)
 
     def stock(self) -> list[ColumnStock]:
         return column_stock(self.store, self.settings.planogram, self.settings.low_stock)
@@ -261,8 +270,10 @@ class AuditReads:
         except (sqlite3.Error, JournalError) as err:
             _LOGGER.warning("audit: cannot read the stored reads: %s", err)
             mismatches, stock, latest = [], [], None
-        # the latest comparison, when it could not be made, until a newer read compares again
+        # the latest comparison, when it could not be made, until a newer read compares again;
+        # a reset of the machine's books (a new baseline, not a problem) the same way
         not_compared = latest.text() if latest and latest.verdict == "not_compared" else ""
+        books_reset = latest.text() if latest and latest.verdict == "books_reset" else ""
         self._shown = (len(mismatches), sum(1 for c in stock if c.low), int(bool(not_compared)))
         next_in: float | None = None
         if self._next_at is not None and not self._reading:
@@ -280,6 +291,7 @@ class AuditReads:
                 reads=dict(self.reads),
                 mismatches=[_with_sales(c) for c in mismatches],
                 not_compared=not_compared,
+                books_reset=books_reset,
                 low=[c.column for c in stock if c.low and not c.sold_out],
                 sold_out=[c.column for c in stock if c.sold_out],
             )

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kiosk_agent.audit.books import Figures
-from kiosk_agent.audit.reconcile import Comparison, Side, changes, compare
+from kiosk_agent.audit.reconcile import Comparison, Intervals, Side, changes, compare
 from kiosk_agent.audit.store import AuditStore, StoredRead
 
 
@@ -143,13 +143,16 @@ def _sold(base: StoredRead | None, latest: StoredRead | None, name: str) -> int 
 
 
 def audit_report(
-    store: AuditStore, planogram: Mapping[str, int], low_at: int, *, machine: str = "",
-    comparisons: int = 10,
+    store: AuditStore, planogram: Mapping[str, int], low_at: int, *, since: float,
+    machine: str = "", comparisons: int = 10, currency: str = "USD",
 ) -> dict[str, Any]:
-    """What every face shows (``kiosk-agent audit``, ``GET /api/audit``, the page): the last
-    read, each column's stock, the latest comparisons with the journal."""
+    """What every face shows (``kiosk-agent audit``, ``GET /api/audit``, the demo's end): the
+    last read, each column's stock, the latest comparisons with the journal, and every interval
+    that ended since ``since`` with their sums (``intervals``, ``in_all``)."""
     last = store.last_read()
     found = store.comparisons(comparisons)
+    stretch = Intervals(since, tuple(store.comparisons_since(since)),
+                        (last.figures.currency if last else "") or currency)
     return {
         "machine": machine,
         "last_read": None if last is None else {
@@ -159,4 +162,7 @@ def audit_report(
         "columns": [c.as_dict() for c in column_stock(store, planogram, low_at)],
         "comparisons": [c.as_dict() for c in found],
         "mismatch": next((c.text() for c in found[:1] if c.mismatch), ""),
+        "since": since,
+        "intervals": [c.as_dict() for c in stretch.comparisons],
+        "in_all": stretch.as_dict(),
     }

@@ -222,6 +222,17 @@ class AuditStore:
         )
         return [Comparison.of(json.loads(row[0])) for row in rows]
 
+    def comparisons_since(self, at: float) -> list[Comparison]:
+        """The comparisons of the intervals that ended at or after ``at`` (their read's time),
+        oldest first: a stretch's story (a demo's run, ``kiosk-agent audit --since``)."""
+        rows = self._db().execute(
+            "SELECT audit_comparisons.detail FROM audit_comparisons JOIN audit_reads"
+            " ON audit_reads.id = audit_comparisons.read_id WHERE audit_reads.at >= ?"
+            " ORDER BY audit_comparisons.read_id",
+            (at,),
+        )
+        return [Comparison.of(json.loads(row[0])) for row in rows]
+
     def last_comparison(self) -> Comparison | None:
         found = self.comparisons(1)
         return found[0] if found else None
