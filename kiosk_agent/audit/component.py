@@ -89,6 +89,13 @@ class AuditReads:
         self.currency = agent.settings.currency
         self._agent = agent
         self._port = port or link_port(agent, conf, self.settings.cashless_device)
+        # the agent's own virtual machine is made with this run, its books at 0: the interval
+        # from a read of an earlier run to this run's first clean read is a reset of them
+        port_name = str(conf.get("port") or "")
+        self._new_books = (
+            f"the virtual machine {port_name.removeprefix(VIRTUAL_PORT)} starts its books at 0 "
+            "with each run of the agent" if port_name.startswith(VIRTUAL_PORT) else ""
+        )
         self.reads: Counter[str] = Counter({outcome: 0 for outcome in OUTCOMES})
         # the machine's vends by payment kind, as its counters said at the last read
         self.vends: dict[str, int] = {}
@@ -194,12 +201,16 @@ class AuditReads:
         except self._port.parse_errors as err:
             raise ReadFailed("unreadable", f"the audit could not be read: {err}") from None
         try:
-            return record_read(
+            recorded = record_read(
                 self.store, figures, at=self._agent.clock.time(), clean=clean,
                 sources=self.sources, raw=data, currency=self.currency,
+                new_books=self._new_books,
             )
         except (sqlite3.Error, JournalError) as err:
             raise ReadFailed("not_stored", f"the read could not be journaled: {err}") from None
+        if clean:  # this run's baseline is taken: its reads compare as any machine's
+            self._new_books = ""
+        return recorded
 
     def _failed(self, outcome: str, reason: str) -> None:
         self.reads[outcome] += 1

@@ -12,7 +12,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from kiosk_agent.audit.books import Figures
-from kiosk_agent.audit.reconcile import Comparison, Intervals, Side, changes, compare
+from kiosk_agent.audit.reconcile import (
+    Comparison,
+    Intervals,
+    Side,
+    books_restarted,
+    changes,
+    compare,
+)
 from kiosk_agent.audit.store import AuditStore, StoredRead
 
 
@@ -31,9 +38,12 @@ def record_read(
     sources: Iterable[str],
     raw: bytes | None = None,
     currency: str = "USD",
+    new_books: str = "",
 ) -> Recorded:
     """Store one read with its changes to the read before, and, when it is clean, compare the
-    interval since the last clean read with the journal's card sales of ``sources``."""
+    interval since the last clean read with the journal's card sales of ``sources``.
+    ``new_books``: why the machine's books are known to have started again since that read
+    (the agent's own virtual machine, made with each run): that interval is a reset of them."""
     mark = store.step_mark()
     before = store.last_read()
     found = changes(before.figures, figures) if before is not None else []
@@ -47,6 +57,8 @@ def record_read(
         Side(previous.at, previous.figures), Side(read.at, figures), sales,
         currency=figures.currency or currency,
     )
+    if new_books and comparison.verdict != "books_reset":
+        comparison = books_restarted(comparison, new_books)
     store.add_comparison(read.id, previous.id, comparison)
     return Recorded(read, comparison)
 

@@ -182,9 +182,10 @@ class Comparison:
         since = _clock_time(self.since)
         held = f"the journal holds {_vends(self.journal, self.currency)}"
         if self.verdict == "books_reset":
+            why = (" (its memory cleared, a board replaced or a counter wrapped)"
+                   if self.cause == "reinitialised" else "")
             return (f"the machine's books were reset between {since} and "
-                    f"{_clock_time(self.until)} (its memory cleared, a board replaced or a "
-                    f"counter wrapped): {self.reason}; the journal's "
+                    f"{_clock_time(self.until)}{why}: {self.reason}; the journal's "
                     f"{_vends(self.journal, self.currency)} of that interval are not checked; "
                     "no mismatch: the next read compares from this one")
         if self.machine is None:
@@ -424,6 +425,18 @@ def compare(
         verdict=verdict, since=before.at, until=after.at, machine=machine, journal=journal,
         sales=tuple(sales), columns=columns, reason=reason, currency=currency, cause=cause,
         unsent_columns=unsent,
+    )
+
+
+def books_restarted(comparison: Comparison, reason: str) -> Comparison:
+    """``comparison`` as a reset of the machine's books known from outside its counters
+    (``cause`` "restarted"): the agent's own virtual machine starts its books at 0 with each
+    run, so an interval that spans the agent's start is no comparison of two machines' lives,
+    whatever its counters say (0 then 0 with the journal's sales between is no mismatch)."""
+    return Comparison(
+        verdict="books_reset", since=comparison.since, until=comparison.until, machine=None,
+        journal=comparison.journal, sales=comparison.sales, reason=reason,
+        currency=comparison.currency, cause="restarted",
     )
 
 
