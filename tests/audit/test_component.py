@@ -294,7 +294,8 @@ async def test_the_machines_books_reset_are_said_once_as_no_problem_and_a_new_ba
     fake_agent: SimpleNamespace,
 ) -> None:
     from kiosk_agent.admin.page import health_changes
-    from kiosk_agent.fleet.report import audit_state
+    from kiosk_agent.cli.fleet import format_health
+    from kiosk_agent.fleet.report import audit_state, build_report
 
     port.answers.append(figures((40, 6000)))
     await next_read(reads, clock, 5)
@@ -317,6 +318,10 @@ async def test_the_machines_books_reset_are_said_once_as_no_problem_and_a_new_ba
     assert not any("audit" in p for p in snapshot.problems), snapshot.problems
     assert audit_state(snapshot)["books_reset"] == stored.text()  # type: ignore[index]
     assert audit_state(snapshot)["mismatch"] is False  # type: ignore[index]
+    # `kiosk-agent health` and `fleet show` say it beside the problems, not among them
+    assert f"audit:    {stored.text()}" in format_health(snapshot.model_dump(mode="json"))
+    assert f"audit:    {stored.text()}" in format_health(
+        build_report("unit-1", snapshot, 60.0)).splitlines()
     assert reads.figures()["not_compared"] == reads.figures()["mismatches"] == 0
     assert reads.report()["comparisons"][0]["text"] == stored.text()
     # said once: one event journaled, one note in the event log when health shows it
