@@ -343,7 +343,7 @@ class Intervals:
                                  for c in self.mismatched))
         if self.not_checked:
             text += (f"; not checked: {_plural(len(self.not_checked), 'interval')} ("
-                     + ", ".join(f"{_span(c.since, c.until)}, "
+                     + "; ".join(f"{_span(c.since, c.until)}, "
                                  f"{_UNCHECKED[c.verdict]}" for c in self.not_checked)
                      + f"), the journal's {_vends(self.journal_not_checked, self.currency)} "
                      "of them outside these sums")

@@ -304,3 +304,14 @@ def test_a_reset_of_the_books_stays_out_of_the_sums_said_apart_with_the_journals
     assert Intervals(TEN).total() == (
         "in all since 2025-11-28 10:00:00Z: no interval compared (a comparison needs two reads "
         "taken while no sale of the machine ran)")
+
+
+def test_intervals_not_checked_are_each_named_apart() -> None:
+    reset = compare(Side(TEN, figures((12, 1800))), Side(TEN + 60, figures((1, 150))), [])
+    again = compare(Side(TEN + 60, figures((1, 150))), Side(TEN + 120, figures((0, 0))),
+                    [sale(1, 150)])
+    assert Intervals(TEN, (reset, again)).total() == (
+        "in all, 2 intervals from 2025-11-28 10:00:00Z to 10:02:00Z: none compared; not checked: "
+        "2 intervals (2025-11-28 10:00:00Z to 10:01:00Z, the machine's books reset; 2025-11-28 "
+        "10:01:00Z to 10:02:00Z, the machine's books reset), the journal's 1 card vend worth "
+        "$1.50 of them outside these sums")
