@@ -107,7 +107,8 @@ class AuditReads:
         self._dirty = False
         self._reading = False
         self.unexpected = 0
-        self._shown = (0, 0, 0)  # mismatches, columns low, not compared: as last reported
+        # mismatches, columns low, not compared, books reset: as last reported
+        self._shown = (0, 0, 0, 0)
         self.done = asyncio.Event()  # set after each read (tests wait on it)
         self._one_read = asyncio.Lock()
         self._task = BackgroundTask(self._run, "audit-reads")
@@ -258,6 +259,7 @@ class AuditReads:
             "mismatches": self._shown[0],
             "columns_low": self._shown[1],
             "not_compared": self._shown[2],
+            "books_reset": self._shown[3],
             "last_read_at": self.last_read_at,
         }
 
@@ -285,7 +287,8 @@ class AuditReads:
         # a reset of the machine's books (a new baseline, not a problem) the same way
         not_compared = latest.text() if latest and latest.verdict == "not_compared" else ""
         books_reset = latest.text() if latest and latest.verdict == "books_reset" else ""
-        self._shown = (len(mismatches), sum(1 for c in stock if c.low), int(bool(not_compared)))
+        self._shown = (len(mismatches), sum(1 for c in stock if c.low), int(bool(not_compared)),
+                       int(bool(books_reset)))
         next_in: float | None = None
         if self._next_at is not None and not self._reading:
             # to the millisecond, up: the read is due by then, never a moment after

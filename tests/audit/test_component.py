@@ -263,6 +263,7 @@ async def test_metrics_count_reads_by_outcome_and_the_machines_vends(
     assert 'kiosk_agent_audit_vends_total{payment="cashless"} 5.0' in text
     assert "kiosk_agent_audit_mismatch 1.0" in text
     assert "kiosk_agent_audit_not_compared 0.0" in text  # two reads compared
+    assert "kiosk_agent_audit_books_reset 0.0" in text
 
 
 async def test_a_flooding_port_ends_the_read_with_the_links_reason_in_health(
@@ -323,6 +324,7 @@ async def test_the_machines_books_reset_are_said_once_as_no_problem_and_a_new_ba
     assert f"audit:    {stored.text()}" in format_health(
         build_report("unit-1", snapshot, 60.0)).splitlines()
     assert reads.figures()["not_compared"] == reads.figures()["mismatches"] == 0
+    assert reads.figures()["books_reset"] == 1  # /metrics: kiosk_agent_audit_books_reset
     assert reads.report()["comparisons"][0]["text"] == stored.text()
     # said once: one event journaled, one note in the event log when health shows it
     events = fake_agent.event_log.recent(kind="books_reset")
@@ -349,6 +351,7 @@ async def test_the_machines_books_reset_are_said_once_as_no_problem_and_a_new_ba
     assert (latest.verdict, latest.machine, latest.journal) == ("mismatch", Tally(1, 150),
                                                                  Tally(0, 0))
     assert snapshot.audit.books_reset == ""
+    assert reads.figures()["books_reset"] == 0
     assert snapshot.audit.mismatches
     assert reads.figures()["mismatches"] == 1
 
