@@ -270,7 +270,7 @@ class AuditReads:
         if since is None:
             since = self._agent.clock.time() - settings.mismatch_shown
         return audit_report(self.store, settings.planogram, settings.low_stock, since=since,
-                            machine=self.machine, currency=self.currency)
+                            machine=self.machine, currency=self.currency, sources=self.sources)
 
     def stock(self) -> list[ColumnStock]:
         return column_stock(self.store, self.settings.planogram, self.settings.low_stock)

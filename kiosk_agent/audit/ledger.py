@@ -157,14 +157,19 @@ def _sold(base: StoredRead | None, latest: StoredRead | None, name: str) -> int 
 def audit_report(
     store: AuditStore, planogram: Mapping[str, int], low_at: int, *, since: float,
     machine: str = "", comparisons: int = 10, currency: str = "USD",
+    sources: Iterable[str] = (),
 ) -> dict[str, Any]:
     """What every face shows (``kiosk-agent audit``, ``GET /api/audit``, the demo's end): the
     last read, each column's stock, the latest comparisons with the journal, and every interval
-    that ended since ``since`` with their sums (``intervals``, ``in_all``)."""
+    that ended since ``since`` with their sums (``intervals``, ``in_all``); and the journal's
+    card sales of ``sources`` since ``since`` that no interval holds (vended before the first
+    one's read: a first read that met a sale is no boundary)."""
     last = store.last_read()
     found = store.comparisons(comparisons)
+    base = store.first_base_since(since) or last
+    before = store.card_sales_from(sources, since, base.step_mark) if base is not None else []
     stretch = Intervals(since, tuple(store.comparisons_since(since)),
-                        (last.figures.currency if last else "") or currency)
+                        (last.figures.currency if last else "") or currency, tuple(before))
     return {
         "machine": machine,
         "last_read": None if last is None else {

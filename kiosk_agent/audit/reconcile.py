@@ -282,6 +282,13 @@ class Intervals:
     since: float
     comparisons: tuple[Comparison, ...] = ()
     currency: str = "USD"
+    # the journal's card sales of the stretch that no interval holds: vended before the read
+    # its first interval was compared from (a first read that met a sale is no boundary)
+    before: tuple[CardSale, ...] = ()
+
+    @property
+    def journal_before(self) -> Tally:
+        return Tally(len(self.before), sum(s.vended_cents for s in self.before))
 
     @property
     def compared(self) -> tuple[Comparison, ...]:
@@ -316,7 +323,7 @@ class Intervals:
         some not checked), ``none`` (no interval in the stretch)."""
         if self.mismatched:
             return "mismatch"
-        if self.not_checked:
+        if self.not_checked or self.before:
             return "not_checked"
         return "match" if self.comparisons else "none"
 
@@ -326,9 +333,12 @@ class Intervals:
 
     def total(self) -> str:
         """The sums in one line, each mismatched or unchecked interval named."""
+        outside = (f"the journal's {_vends(self.journal_before, self.currency)} in no interval "
+                   "(vended before a read taken while no sale of the machine ran)")
         if not self.comparisons:
-            return (f"in all since {_clock_time(self.since)}: no interval compared (a comparison "
+            text = (f"in all since {_clock_time(self.since)}: no interval compared (a comparison "
                     "needs two reads taken while no sale of the machine ran)")
+            return f"{text}; {outside}" if self.before else text
         first, last = self.comparisons[0], self.comparisons[-1]
         text = (f"in all, {_plural(len(self.comparisons), 'interval')} from "
                 f"{_span(first.since, last.until)}: ")
@@ -347,6 +357,8 @@ class Intervals:
                                  f"{_UNCHECKED[c.verdict]}" for c in self.not_checked)
                      + f"), the journal's {_vends(self.journal_not_checked, self.currency)} "
                      "of them outside these sums")
+        if self.before:
+            text += f"; before {_clock_time(first.since)}: {outside}"
         if self.verdict == "match":
             text += ": every interval matches"
         return text
@@ -365,6 +377,8 @@ class Intervals:
             "mismatched": [span(c) for c in self.mismatched],
             "not_checked": [span(c) for c in self.not_checked],
             "journal_not_checked": self.journal_not_checked.as_dict(),
+            "journal_before": self.journal_before.as_dict(),
+            "before": [s.sale_id for s in self.before],
             "currency": self.currency,
             "text": self.total(),
         }

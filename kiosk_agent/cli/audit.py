@@ -71,18 +71,21 @@ def _format_option(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def _books(args: argparse.Namespace, *, to_write: bool) -> tuple[Journal, AuditStore,
-                                                                 BooksSettings]:
-    from kiosk_agent.audit.settings import BooksSettings
+def _books(
+    args: argparse.Namespace, *, to_write: bool
+) -> tuple[Journal, AuditStore, BooksSettings, list[str]]:
+    """The journal, its audit tables, the dex: section, and the sources of its machine."""
+    from kiosk_agent.audit.settings import BooksSettings, machine_sources
     from kiosk_agent.audit.store import AuditStore
 
     config = unit_config(args)
     settings = BooksSettings.from_config(config.get("dex") or {})
+    sources = machine_sources(settings.trigger, config.triggers)
     journal = open_journal(config, to_write=to_write)
     store = AuditStore(lambda: journal.db)
     if to_write:
         store.open()
-    return journal, store, settings
+    return journal, store, settings, sources
 
 
 async def audit_command(args: argparse.Namespace) -> int:
@@ -92,11 +95,13 @@ async def audit_command(args: argparse.Namespace) -> int:
 
     fmt = output_format(args)
     moment = parse_moment(args.since, option="--since")
-    journal, store, settings = _books(args, to_write=False)
+    journal, store, settings, sources = _books(args, to_write=False)
     since = moment.timestamp() if moment is not None else time.time() - settings.mismatch_shown
     try:
-        report = audit_report(store, settings.planogram, settings.low_stock, since=since,
-                              machine=settings.trigger or "") if store.exists() else None
+        report = audit_report(
+            store, settings.planogram, settings.low_stock, since=since,
+            machine=settings.trigger or "", sources=sources,
+        ) if store.exists() else None
     finally:
         journal.close()
     if report is None:
@@ -152,17 +157,20 @@ def intervals_lines(report: dict[str, Any]) -> list[str]:
     from kiosk_agent.text import for_terminal
 
     comparisons = report["comparisons"]
+    stretch = report["in_all"]
+    # the journal's sales of the stretch that no interval holds, said even with no interval
+    outside = [for_terminal(stretch["text"])] if stretch.get("before") else []
     if not comparisons:
         if report["last_read"] is None:
             return []
         return ["journal: nothing compared yet (a comparison needs two reads taken while no "
-                "sale of the machine ran)"]
-    stretch = report["in_all"]
+                "sale of the machine ran)", *outside]
     found = [Comparison.of(c) for c in report["intervals"]]
     if not found:
         latest = Comparison.of(comparisons[0])
         return [f"journal: no interval ended since {display_time(report['since'])}; the "
-                f"latest, until {display_time(latest.until)}: {for_terminal(latest.line())}"]
+                f"latest, until {display_time(latest.until)}: {for_terminal(latest.line())}",
+                *outside]
     return [
         "journal against the machine's card vends, interval by interval since "
         f"{display_time(report['since'])}:",
@@ -180,7 +188,7 @@ def _when(at: float | None) -> str:
 async def fill_command(args: argparse.Namespace) -> int:
     import getpass
 
-    journal, store, settings = _books(args, to_write=True)  # the configuration first
+    journal, store, settings, _ = _books(args, to_write=True)  # the configuration first
     try:
         if args.all == bool(args.columns):
             raise CliError("name the columns refilled, or give --all (not both)", EXIT_USAGE)

@@ -256,3 +256,43 @@ def test_audit_tells_every_interval_of_a_stretch_and_their_sums_as_the_journal_h
     # a --since that is no moment is the contract's usage error
     assert main(["audit", "-c", str(config), "--since", "last tuesday"]) == 2
     assert capsys.readouterr().err.startswith("error: --since: ")
+
+
+def test_sales_before_the_first_clean_read_are_said_in_no_interval_never_dropped(
+    config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A first read that met a sale is no boundary: the sales vended before the next clean
+    read belong to no interval. The stretch says so, with the journal's side, rather than sums
+    that begin later as if the stretch had no sale before."""
+    import time
+    from decimal import Decimal
+
+    start = time.time() - 3600
+    journal = Journal(tmp_path / "journal.db")
+    journal.open()
+    store = AuditStore(lambda: journal.db)
+    store.open()
+    record_read(store, figures((0, 0)), at=start, clean=False, sources=[MACHINE])  # met a sale
+    early = [vended_sale(journal, c).sale_id for c in (150, 250)]
+    record_read(store, figures((2, 400)), at=start + 600, clean=True, sources=[MACHINE])
+    later = vended_sale(journal, 150).sale_id
+    record_read(store, figures((3, 550)), at=start + 1200, clean=True, sources=[MACHINE])
+    cents = dict(journal.db.execute("SELECT sale_id, vended_cents FROM sales").fetchall())
+    journal.close()
+    config.write_text(config.read_text() + "triggers: [{platform: virtual, name: snacks}]\n"
+                      "dex: {port: virtual:snacks, trigger: snacks}\n")
+
+    assert main(["audit", "-c", str(config), "--json", "--since", "2h"]) == 0
+    in_all = json.loads(capsys.readouterr().out)["in_all"]
+    assert in_all["before"] == early
+    assert Decimal(in_all["journal_before"]["value"]) / 100 == sum(
+        Decimal(cents[i]) / 100 for i in early)
+    assert (in_all["journal"]["count"], in_all["verdict"]) == (1, "not_checked")
+    assert cents[later] == in_all["journal"]["value"]
+    assert main(["audit", "-c", str(config), "--since", "2h"]) == 0
+    out = capsys.readouterr().out
+    [line] = [line for line in out.splitlines() if line.startswith("in all, 1 interval from ")]
+    assert line.endswith(
+        "Z: the journal's 2 card vends worth $4.00 in no interval (vended before a read taken "
+        "while no sale of the machine ran)"), line
+    assert "; before 20" in line
