@@ -354,7 +354,10 @@ def export_audit(report: Mapping[str, Any], fmt: str) -> Iterator[str]:
     rows = [audit_values(column, report.get("last_read")) for column in report["columns"]]
     if fmt == "json":
         document = {**report, "columns": rows, "last_read": _read_json(report.get("last_read")),
-                    "comparisons": [_comparison_json(c) for c in report.get("comparisons", [])]}
+                    "comparisons": [_comparison_json(c) for c in report.get("comparisons", [])],
+                    "since": optional_timestamp(report.get("since")),
+                    "intervals": [_comparison_json(c) for c in report.get("intervals", [])],
+                    "in_all": _in_all_json(report.get("in_all"))}
         yield json.dumps(json_value(document), indent=2) + "\n"
         return
     if fmt != "csv":
@@ -380,6 +383,20 @@ def _comparison_json(comparison: Mapping[str, Any]) -> dict[str, Any]:
         "sales": [{**sale, "vended_at": optional_timestamp(sale.get("vended_at"))}
                   for sale in comparison.get("sales", [])],
     }
+
+
+def _in_all_json(stretch: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The sums of a stretch's intervals (``reconcile.Intervals.as_dict``) in JSON: each time in
+    ISO 8601 UTC."""
+    if stretch is None:
+        return None
+
+    def spans(key: str) -> list[dict[str, Any]]:
+        return [{**span, "since": optional_timestamp(span.get("since")),
+                 "until": optional_timestamp(span.get("until"))} for span in stretch.get(key, [])]
+
+    return {**stretch, "since": optional_timestamp(stretch.get("since")),
+            "mismatched": spans("mismatched"), "not_checked": spans("not_checked")}
 
 
 def audit_values(column: Mapping[str, Any], last_read: Mapping[str, Any] | None) -> dict[str, Any]:

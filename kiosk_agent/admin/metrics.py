@@ -386,9 +386,15 @@ def audit_families(figures: Mapping[str, Any]) -> Iterator[Metric]:
                 [({}, figures["columns_low"])])
     yield gauge(
         "audit_not_compared",
-        "1 while the latest comparison could not be made (a machine re-initialised, another "
-        "machine, counters not sent); 0 once a read compares again.",
+        "1 while the latest comparison could not be made (another machine, the cashless device "
+        "changed, counters not sent); 0 once a read compares again.",
         [({}, figures.get("not_compared", 0))],
+    )
+    yield gauge(
+        "audit_books_reset",
+        "1 while the latest comparison is a reset of the machine's own books (no mismatch, a "
+        "new baseline); 0 once a read compares again.",
+        [({}, figures.get("books_reset", 0))],
     )
     if figures["last_read_at"] is not None:
         yield gauge("audit_last_read_timestamp_seconds", "When the machine's audit was last read.",

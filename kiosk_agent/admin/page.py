@@ -755,7 +755,8 @@ def health_notes(before: dict[str, Any] | None, after: dict[str, Any]) -> list[s
 
 def health_changes(before: dict[str, Any] | None, after: dict[str, Any]) -> list[dict[str, Any]]:
     """What changed, each as ``{kind, text, device_id}``: ``status`` (ok -> degraded),
-    ``problem`` (raised), ``cleared``, ``availability`` (a reader can or cannot take cards).
+    ``problem`` (raised), ``cleared``, ``availability`` (a reader can or cannot take cards),
+    ``audit`` (the machine's books reset: a new baseline, no problem).
     ``kiosk-agent events`` filters on the kind and the terminal."""
     if before is None:
         return []
@@ -785,6 +786,10 @@ def health_changes(before: dict[str, Any] | None, after: dict[str, Any]) -> list
         else:
             text = f"{device} cannot take cards: {state.get('reason') or 'unavailable'}"
         notes.append(_note("availability", text, device))
+    # the machine's books reset: no problem, so said here, once, as health holds it
+    reset = (after.get("audit") or {}).get("books_reset") or ""
+    if reset and reset != ((before.get("audit") or {}).get("books_reset") or ""):
+        notes.append(_note("audit", f"{after['audit']['machine']}: {reset}"))
     return notes
 
 

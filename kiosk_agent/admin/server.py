@@ -9,7 +9,7 @@ Routes (all need ``Authorization: Bearer <token>`` or the status page's session;
     GET  /api/sales?format=csv|json[&...]        the same as `kiosk-agent sales --format csv|json`
     GET  /api/sales/{sale_id}            one sale with its steps
     GET  /api/reports/{kind}[?format=json|csv&limit&since&until&<filter>=...]   streamed
-    GET  /api/audit[?format=json|csv]    the machine's books, as `kiosk-agent audit --format`
+    GET  /api/audit[?format=json|csv&since]    the machine's books, as `kiosk-agent audit`
     GET  /api/terminals                  the service's terminal list
     POST /api/terminals/{device_id}/{ping|connect|disconnect|test-print}
     GET  /api/boarding/merchants         merchant states from the webhook receiver
@@ -303,10 +303,12 @@ class AdminServer:
         fmt = request.query.get("format", "json")
         if fmt not in SALE_FORMATS:
             raise _BadParameter(f"format must be {' or '.join(SALE_FORMATS)}, got {fmt[:40]!r}")
+        since = _moment_param(request.query, "since")  # the intervals that ended since
         books = _component(self.agent, "AuditReads")
         if books is None:
             return _error(404, "no_audit", "this unit reads no machine audit (no dex: section)")
-        body = "".join(export_audit(books.report(), fmt))
+        report = books.report(None if since is None else since.timestamp())
+        body = "".join(export_audit(report, fmt))
         content = "text/csv" if fmt == "csv" else "application/json"
         return web.Response(text=body, content_type=content, charset="utf-8")
 

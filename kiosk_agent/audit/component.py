@@ -89,6 +89,13 @@ class AuditReads:
         self.currency = agent.settings.currency
         self._agent = agent
         self._port = port or link_port(agent, conf, self.settings.cashless_device)
+        # the agent's own virtual machine is made with this run, its books at 0: the interval
+        # from a read of an earlier run to this run's first clean read is a reset of them
+        port_name = str(conf.get("port") or "")
+        self._new_books = (
+            f"the virtual machine {port_name.removeprefix(VIRTUAL_PORT)} starts its books at 0 "
+            "with each run of the agent" if port_name.startswith(VIRTUAL_PORT) else ""
+        )
         self.reads: Counter[str] = Counter({outcome: 0 for outcome in OUTCOMES})
         # the machine's vends by payment kind, as its counters said at the last read
         self.vends: dict[str, int] = {}
@@ -100,7 +107,8 @@ class AuditReads:
         self._dirty = False
         self._reading = False
         self.unexpected = 0
-        self._shown = (0, 0, 0)  # mismatches, columns low, not compared: as last reported
+        # mismatches, columns low, not compared, books reset: as last reported
+        self._shown = (0, 0, 0, 0)
         self.done = asyncio.Event()  # set after each read (tests wait on it)
         self._one_read = asyncio.Lock()
         self._task = BackgroundTask(self._run, "audit-reads")
@@ -194,12 +202,16 @@ class AuditReads:
         except self._port.parse_errors as err:
             raise ReadFailed("unreadable", f"the audit could not be read: {err}") from None
         try:
-            return record_read(
+            recorded = record_read(
                 self.store, figures, at=self._agent.clock.time(), clean=clean,
                 sources=self.sources, raw=data, currency=self.currency,
+                new_books=self._new_books,
             )
         except (sqlite3.Error, JournalError) as err:
             raise ReadFailed("not_stored", f"the read could not be journaled: {err}") from None
+        if clean:  # this run's baseline is taken: its reads compare as any machine's
+            self._new_books = ""
+        return recorded
 
     def _failed(self, outcome: str, reason: str) -> None:
         self.reads[outcome] += 1
@@ -223,6 +235,12 @@ class AuditReads:
         comparison = recorded.comparison
         if comparison is not None and comparison.mismatch:
             _LOGGER.warning("audit mismatch on %s: %s", self.machine, comparison.text())
+        if comparison is not None and comparison.verdict == "books_reset":
+            # said once, here: no mismatch and no problem, a new baseline (docs/audit.md)
+            _LOGGER.info("audit of %s: %s", self.machine, comparison.text())
+            self._agent.event_log.record("books_reset", self.machine, {
+                "text": comparison.text(), "since": comparison.since, "until": comparison.until,
+            })
         self._report()
 
     # -- what the faces show ---------------------------------------------------------------------
@@ -241,14 +259,18 @@ class AuditReads:
             "mismatches": self._shown[0],
             "columns_low": self._shown[1],
             "not_compared": self._shown[2],
+            "books_reset": self._shown[3],
             "last_read_at": self.last_read_at,
         }
 
-    def report(self) -> dict[str, Any]:
-        """What the faces show: the last read, each column's stock, the latest comparisons."""
+    def report(self, since: float | None = None) -> dict[str, Any]:
+        """What the faces show: the last read, each column's stock, the latest comparisons, and
+        every interval since ``since`` (by default as far back as mismatches are shown)."""
         settings = self.settings
-        return audit_report(self.store, settings.planogram, settings.low_stock,
-                            machine=self.machine)
+        if since is None:
+            since = self._agent.clock.time() - settings.mismatch_shown
+        return audit_report(self.store, settings.planogram, settings.low_stock, since=since,
+                            machine=self.machine, currency=self.currency, sources=self.sources)
 
     def stock(self) -> list[ColumnStock]:
         return column_stock(self.store, self.settings.planogram, self.settings.low_stock)
@@ -261,9 +283,12 @@ class AuditReads:
         except (sqlite3.Error, JournalError) as err:
             _LOGGER.warning("audit: cannot read the stored reads: %s", err)
             mismatches, stock, latest = [], [], None
-        # the latest comparison, when it could not be made, until a newer read compares again
+        # the latest comparison, when it could not be made, until a newer read compares again;
+        # a reset of the machine's books (a new baseline, not a problem) the same way
         not_compared = latest.text() if latest and latest.verdict == "not_compared" else ""
-        self._shown = (len(mismatches), sum(1 for c in stock if c.low), int(bool(not_compared)))
+        books_reset = latest.text() if latest and latest.verdict == "books_reset" else ""
+        self._shown = (len(mismatches), sum(1 for c in stock if c.low), int(bool(not_compared)),
+                       int(bool(books_reset)))
         next_in: float | None = None
         if self._next_at is not None and not self._reading:
             # to the millisecond, up: the read is due by then, never a moment after
@@ -280,6 +305,7 @@ class AuditReads:
                 reads=dict(self.reads),
                 mismatches=[_with_sales(c) for c in mismatches],
                 not_compared=not_compared,
+                books_reset=books_reset,
                 low=[c.column for c in stock if c.low and not c.sold_out],
                 sold_out=[c.column for c in stock if c.sold_out],
             )

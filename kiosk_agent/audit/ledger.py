@@ -12,7 +12,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from kiosk_agent.audit.books import Figures
-from kiosk_agent.audit.reconcile import Comparison, Side, changes, compare
+from kiosk_agent.audit.reconcile import (
+    Comparison,
+    Intervals,
+    Side,
+    books_restarted,
+    changes,
+    compare,
+)
 from kiosk_agent.audit.store import AuditStore, StoredRead
 
 
@@ -31,9 +38,12 @@ def record_read(
     sources: Iterable[str],
     raw: bytes | None = None,
     currency: str = "USD",
+    new_books: str = "",
 ) -> Recorded:
     """Store one read with its changes to the read before, and, when it is clean, compare the
-    interval since the last clean read with the journal's card sales of ``sources``."""
+    interval since the last clean read with the journal's card sales of ``sources``.
+    ``new_books``: why the machine's books are known to have started again since that read
+    (the agent's own virtual machine, made with each run): that interval is a reset of them."""
     mark = store.step_mark()
     before = store.last_read()
     found = changes(before.figures, figures) if before is not None else []
@@ -47,6 +57,8 @@ def record_read(
         Side(previous.at, previous.figures), Side(read.at, figures), sales,
         currency=figures.currency or currency,
     )
+    if new_books and comparison.verdict != "books_reset":
+        comparison = books_restarted(comparison, new_books)
     store.add_comparison(read.id, previous.id, comparison)
     return Recorded(read, comparison)
 
@@ -143,13 +155,21 @@ def _sold(base: StoredRead | None, latest: StoredRead | None, name: str) -> int 
 
 
 def audit_report(
-    store: AuditStore, planogram: Mapping[str, int], low_at: int, *, machine: str = "",
-    comparisons: int = 10,
+    store: AuditStore, planogram: Mapping[str, int], low_at: int, *, since: float,
+    machine: str = "", comparisons: int = 10, currency: str = "USD",
+    sources: Iterable[str] = (),
 ) -> dict[str, Any]:
-    """What every face shows (``kiosk-agent audit``, ``GET /api/audit``, the page): the last
-    read, each column's stock, the latest comparisons with the journal."""
+    """What every face shows (``kiosk-agent audit``, ``GET /api/audit``, the demo's end): the
+    last read, each column's stock, the latest comparisons with the journal, and every interval
+    that ended since ``since`` with their sums (``intervals``, ``in_all``); and the journal's
+    card sales of ``sources`` since ``since`` that no interval holds (vended before the first
+    one's read: a first read that met a sale is no boundary)."""
     last = store.last_read()
     found = store.comparisons(comparisons)
+    base = store.first_base_since(since) or last
+    before = store.card_sales_from(sources, since, base.step_mark) if base is not None else []
+    stretch = Intervals(since, tuple(store.comparisons_since(since)),
+                        (last.figures.currency if last else "") or currency, tuple(before))
     return {
         "machine": machine,
         "last_read": None if last is None else {
@@ -159,4 +179,7 @@ def audit_report(
         "columns": [c.as_dict() for c in column_stock(store, planogram, low_at)],
         "comparisons": [c.as_dict() for c in found],
         "mismatch": next((c.text() for c in found[:1] if c.mismatch), ""),
+        "since": since,
+        "intervals": [c.as_dict() for c in stretch.comparisons],
+        "in_all": stretch.as_dict(),
     }

@@ -21,10 +21,12 @@ from typing import Any, Literal
 
 from kiosk_agent.audit.books import ZERO, Figures
 from kiosk_agent.audit.evadts import Counters, Tally
-from kiosk_agent.moments import display_time
+from kiosk_agent.moments import day_of, display_clock, display_time
 from kiosk_agent.money import format_cents
 
-Verdict = Literal["match", "mismatch", "not_compared"]
+# "books_reset": the machine's own books went back (a memory cleared, a board replaced, a cold
+# start, a counter wrapped): no mismatch, a new baseline, the interval not checked
+Verdict = Literal["match", "mismatch", "books_reset", "not_compared"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,12 +181,40 @@ class Comparison:
         """For people, the same words on every face."""
         since = _clock_time(self.since)
         held = f"the journal holds {_vends(self.journal, self.currency)}"
+        if self.verdict == "books_reset":
+            why = (" (its memory cleared, a board replaced or a counter wrapped)"
+                   if self.cause == "reinitialised" else "")
+            return (f"the machine's books were reset between {since} and "
+                    f"{_clock_time(self.until)}{why}: {self.reason}; the journal's "
+                    f"{_vends(self.journal, self.currency)} of that interval are not checked; "
+                    "no mismatch: the next read compares from this one")
         if self.machine is None:
             text = f"not compared at {_clock_time(self.until)} since {since}: {self.reason}; {held}"
             todo = _NOT_COMPARED_TODO.get(self.cause)
             return f"{text}; {todo}" if todo else text
         counted = f"the machine counted {_vends(self.machine, self.currency)}"
-        text = f"{counted} since {since}; {held}"
+        return f"{counted} since {since}; {held}{self._by_column()}"
+
+    def line(self) -> str:
+        """This interval as one line of a stretch's list (``Intervals.lines``): its two ends,
+        its verdict, both sides; a mismatch with the journal's sales, to look at."""
+        span = _span(self.since, self.until)
+        held = f"the journal holds {_vends(self.journal, self.currency)}"
+        if self.verdict == "books_reset":
+            return f"{span}  books reset: {self.reason}; {held}, not checked"
+        if self.machine is None:
+            todo = _NOT_COMPARED_TODO.get(self.cause)
+            return f"{span}  not compared: {self.reason}; {held}" + (f"; {todo}" if todo else "")
+        label = "match" if self.verdict == "match" else "MISMATCH"
+        line = (f"{span}  {label}: the machine counted {_vends(self.machine, self.currency)}; "
+                f"{held}{self._by_column()}")
+        if self.mismatch:
+            ids = ", ".join(s.sale_id for s in self.sales) or "none"
+            line += f" (sales in the interval: {ids})"
+        return line
+
+    def _by_column(self) -> str:
+        text = ""
         if self.columns:
             text += "; by column: " + ", ".join(
                 f"{d.column} machine {d.machine.count} journal {d.journal.count}"
@@ -213,8 +243,14 @@ class Comparison:
 
     @classmethod
     def of(cls, data: Mapping[str, Any]) -> Comparison:
+        verdict = data["verdict"]
+        reason = str(data.get("reason") or "")
+        if verdict == "not_compared" and data.get("cause") == "reinitialised":
+            # stored before a reset of the machine's books had a verdict of its own: read as one
+            verdict = "books_reset"
+            reason = reason.removeprefix(_OLD_REINITIALISED)
         return cls(
-            verdict=data["verdict"],
+            verdict=verdict,
             since=float(data["since"]),
             until=float(data["until"]),
             machine=Tally.from_dict(data.get("machine")),
@@ -228,11 +264,137 @@ class Comparison:
                 )
                 for c in data.get("columns") or ()
             ),
-            reason=str(data.get("reason") or ""),
+            reason=reason,
             currency=str(data.get("currency") or "USD"),
             cause=str(data.get("cause") or ""),
             unsent_columns=tuple(str(c) for c in data.get("unsent_columns") or ()),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Intervals:
+    """The comparisons of a stretch of time (a demo's run, ``kiosk-agent audit --since``), oldest
+    first, and their sums: the machine's card vends and the journal's over the intervals
+    compared. A mismatched interval is named beside the sums, never folded into them (two
+    opposite ones can make equal sums); an interval not checked (the books reset, a comparison
+    not made) stays out of the sums, its journal side said apart."""
+
+    since: float
+    comparisons: tuple[Comparison, ...] = ()
+    currency: str = "USD"
+    # the journal's card sales of the stretch that no interval holds: vended before the read
+    # its first interval was compared from (a first read that met a sale is no boundary)
+    before: tuple[CardSale, ...] = ()
+
+    @property
+    def journal_before(self) -> Tally:
+        return Tally(len(self.before), sum(s.vended_cents for s in self.before))
+
+    @property
+    def compared(self) -> tuple[Comparison, ...]:
+        return tuple(c for c in self.comparisons if c.machine is not None)
+
+    @property
+    def mismatched(self) -> tuple[Comparison, ...]:
+        return tuple(c for c in self.comparisons if c.mismatch)
+
+    @property
+    def not_checked(self) -> tuple[Comparison, ...]:
+        return tuple(c for c in self.comparisons if c.machine is None)
+
+    @property
+    def machine(self) -> Tally:
+        """The machine's card vends over the intervals compared."""
+        return sum((c.machine for c in self.compared if c.machine is not None), ZERO)
+
+    @property
+    def journal(self) -> Tally:
+        """The journal's card vends over the intervals compared."""
+        return sum((c.journal for c in self.compared), ZERO)
+
+    @property
+    def journal_not_checked(self) -> Tally:
+        """The journal's card vends over the intervals not checked."""
+        return sum((c.journal for c in self.not_checked), ZERO)
+
+    @property
+    def verdict(self) -> str:
+        """``mismatch`` (any interval), ``match`` (every one), ``not_checked`` (none mismatched,
+        some not checked), ``none`` (no interval in the stretch)."""
+        if self.mismatched:
+            return "mismatch"
+        if self.not_checked or self.before:
+            return "not_checked"
+        return "match" if self.comparisons else "none"
+
+    def lines(self) -> list[str]:
+        """Each interval, oldest first, then the sums."""
+        return [c.line() for c in self.comparisons] + [self.total()]
+
+    def total(self) -> str:
+        """The sums in one line, each mismatched or unchecked interval named."""
+        outside = (f"the journal's {_vends(self.journal_before, self.currency)} in no interval "
+                   "(vended before a read taken while no sale of the machine ran)")
+        if not self.comparisons:
+            text = (f"in all since {_clock_time(self.since)}: no interval compared (a comparison "
+                    "needs two reads taken while no sale of the machine ran)")
+            return f"{text}; {outside}" if self.before else text
+        first, last = self.comparisons[0], self.comparisons[-1]
+        text = (f"in all, {_plural(len(self.comparisons), 'interval')} from "
+                f"{_span(first.since, last.until)}: ")
+        if self.compared:
+            text += (f"the machine counted {_vends(self.machine, self.currency)}; the journal "
+                     f"holds {_vends(self.journal, self.currency)}")
+        else:
+            text += "none compared"
+        if self.mismatched:
+            text += (f"; MISMATCH in {_plural(len(self.mismatched), 'interval')}: "
+                     + ", ".join(_span(c.since, c.until)
+                                 for c in self.mismatched))
+        if self.not_checked:
+            text += (f"; not checked: {_plural(len(self.not_checked), 'interval')} ("
+                     + "; ".join(f"{_span(c.since, c.until)}, "
+                                 f"{_UNCHECKED[c.verdict]}" for c in self.not_checked)
+                     + f"), the journal's {_vends(self.journal_not_checked, self.currency)} "
+                     "of them outside these sums")
+        if self.before:
+            text += f"; before {_clock_time(first.since)}: {outside}"
+        if self.verdict == "match":
+            text += ": every interval matches"
+        return text
+
+    def as_dict(self) -> dict[str, Any]:
+        def span(c: Comparison) -> dict[str, Any]:
+            return {"since": c.since, "until": c.until, "verdict": c.verdict, "cause": c.cause}
+
+        return {
+            "since": self.since,
+            "verdict": self.verdict,
+            "intervals": len(self.comparisons),
+            "compared": len(self.compared),
+            "machine": self.machine.as_dict(),
+            "journal": self.journal.as_dict(),
+            "mismatched": [span(c) for c in self.mismatched],
+            "not_checked": [span(c) for c in self.not_checked],
+            "journal_not_checked": self.journal_not_checked.as_dict(),
+            "journal_before": self.journal_before.as_dict(),
+            "before": [s.sale_id for s in self.before],
+            "currency": self.currency,
+            "text": self.total(),
+        }
+
+
+_UNCHECKED = {"books_reset": "the machine's books reset", "not_compared": "not compared"}
+
+
+def _span(since: float, until: float) -> str:
+    """``2026-11-30 05:49:30Z to 05:50:45Z`` (the end's day said when it is another)."""
+    end = display_clock(until) if day_of(until) == day_of(since) else _clock_time(until)
+    return f"{_clock_time(since)} to {end}"
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 def _vends(count: Tally, currency: str) -> str:
@@ -243,8 +405,6 @@ def _vends(count: Tally, currency: str) -> str:
 # What a tech does about a comparison not made, by its cause: said with it on every face (the
 # page, health's problems, Home Assistant, `kiosk-agent audit`), as docs/audit.md's table says.
 _NOT_COMPARED_TODO = {
-    "reinitialised": "look for the re-initialisation in the machine's service log: the card "
-                     "vends of this interval are not checked, the next read compares from this one",
     "machine": "check which machine the audit cable is on (or the board swapped): the next read "
                "compares from this one",
     "unsent": "set the machine's audit to a full one with the cashless device's counters since "
@@ -272,13 +432,25 @@ def compare(
     unsent: tuple[str, ...] = ()
     if machine is not None:
         columns, unsent = _column_differences(before.figures, after.figures, sales)
-    verdict: Verdict = "not_compared"
+    verdict: Verdict = "books_reset" if cause == "reinitialised" else "not_compared"
     if machine is not None:
         verdict = "match" if machine == journal and not columns else "mismatch"
     return Comparison(
         verdict=verdict, since=before.at, until=after.at, machine=machine, journal=journal,
         sales=tuple(sales), columns=columns, reason=reason, currency=currency, cause=cause,
         unsent_columns=unsent,
+    )
+
+
+def books_restarted(comparison: Comparison, reason: str) -> Comparison:
+    """``comparison`` as a reset of the machine's books known from outside its counters
+    (``cause`` "restarted"): the agent's own virtual machine starts its books at 0 with each
+    run, so an interval that spans the agent's start is no comparison of two machines' lives,
+    whatever its counters say (0 then 0 with the journal's sales between is no mismatch)."""
+    return Comparison(
+        verdict="books_reset", since=comparison.since, until=comparison.until, machine=None,
+        journal=comparison.journal, sales=comparison.sales, reason=reason,
+        currency=comparison.currency, cause="restarted",
     )
 
 
@@ -307,9 +479,11 @@ def _cashless_difference(before: Figures, after: Figures) -> tuple[Tally | None,
     lost = _reinitialised(block, old, new)
     if not lost:
         return new.since_init - old.since_init, "", ""
-    return None, "reinitialised", (
-        f"the machine was re-initialised (or a counter wrapped): its {lost}"
-    )
+    return None, "reinitialised", f"its {lost}"
+
+
+# How a reset of the books was said before it had a verdict of its own (stored comparisons).
+_OLD_REINITIALISED = "the machine was re-initialised (or a counter wrapped): "
 
 
 def _column_differences(

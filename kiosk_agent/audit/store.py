@@ -186,6 +186,16 @@ class AuditStore:
     def card_sales(self, sources: Iterable[str], after: int, until: int) -> list[CardSale]:
         """The sales of ``sources`` whose vend step was written after step ``after`` and at or
         before step ``until``, in the order of their vends."""
+        return self._card_sales(sources, "first.id > ?", after, until)
+
+    def card_sales_from(self, sources: Iterable[str], at: float, until: int) -> list[CardSale]:
+        """The sales of ``sources`` whose vend step was written at or after the wall time
+        ``at`` and at or before step ``until``: a stretch's sales before its first interval."""
+        return self._card_sales(sources, "first.at >= ?", at, until)
+
+    def _card_sales(
+        self, sources: Iterable[str], start: str, after: float, until: int
+    ) -> list[CardSale]:
         names = list(sources)
         if not names:
             return []
@@ -195,7 +205,7 @@ class AuditStore:
             " first.id, first.at FROM sales JOIN ("
             f" SELECT steps.sale_id, MIN(steps.id) AS id, steps.at FROM steps WHERE {_VENDED}"
             " GROUP BY steps.sale_id) AS first ON first.sale_id = sales.sale_id"
-            f" WHERE sales.source IN ({marks}) AND first.id > ? AND first.id <= ?"
+            f" WHERE sales.source IN ({marks}) AND {start} AND first.id <= ?"
             " ORDER BY first.id",
             (*names, after, until),
         )
@@ -221,6 +231,27 @@ class AuditStore:
             "SELECT detail FROM audit_comparisons ORDER BY read_id DESC LIMIT ?", (limit,)
         )
         return [Comparison.of(json.loads(row[0])) for row in rows]
+
+    def comparisons_since(self, at: float) -> list[Comparison]:
+        """The comparisons of the intervals that ended at or after ``at`` (their read's time),
+        oldest first: a stretch's story (a demo's run, ``kiosk-agent audit --since``)."""
+        rows = self._db().execute(
+            "SELECT audit_comparisons.detail FROM audit_comparisons JOIN audit_reads"
+            " ON audit_reads.id = audit_comparisons.read_id WHERE audit_reads.at >= ?"
+            " ORDER BY audit_comparisons.read_id",
+            (at,),
+        )
+        return [Comparison.of(json.loads(row[0])) for row in rows]
+
+    def first_base_since(self, at: float) -> StoredRead | None:
+        """The read the first interval that ended at or after ``at`` was compared from."""
+        row = self._db().execute(
+            "SELECT audit_comparisons.from_read FROM audit_comparisons JOIN audit_reads"
+            " ON audit_reads.id = audit_comparisons.read_id WHERE audit_reads.at >= ?"
+            " ORDER BY audit_comparisons.read_id LIMIT 1",
+            (at,),
+        ).fetchone()
+        return None if row is None else self.read(int(row[0]))
 
     def last_comparison(self) -> Comparison | None:
         found = self.comparisons(1)

@@ -9,21 +9,24 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 from kiosk_agent.cli.contract import (
+    EXIT_FAILED,
     EXIT_OK,
     EXIT_USAGE,
     CliError,
     guarded,
     open_journal,
     options,
+    parse_moment,
     plural,
     say,
     unit_config,
 )
 from kiosk_agent.export import SALE_FORMATS, export_audit
-from kiosk_agent.moments import display_time, timestamp
+from kiosk_agent.moments import MOMENT_FORMS, display_time, timestamp
 from kiosk_agent.money import format_cents
 
 if TYPE_CHECKING:
@@ -38,10 +41,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="the machine's own books: stock per column, the last read, mismatches",
         parents=options(),
         description="Per column: paid vends since the last refill, the stock left by the "
-        "planogram (dex: planogram), and the last audit read; then the latest comparison of "
-        "the machine's card vends with the journal's. `audit fill` records a refill.",
+        "planogram (dex: planogram), and the last audit read; then each interval between two "
+        "reads that ended since --since (by default within dex: mismatch_shown, a day), the "
+        "machine's card vends against the journal's, and their sums. Exit 1 when an interval "
+        "of them is a mismatch. `audit fill` records a refill.",
     )
     _format_option(audit)
+    audit.add_argument(
+        "--since", default=None,
+        help=f"from: {MOMENT_FORMS} (days and times in UTC)",
+    )  # fmt: skip
     audit.set_defaults(handler=guarded(audit_command))
     actions = audit.add_subparsers(dest="action", metavar="ACTION")
     fill = actions.add_parser(
@@ -62,40 +71,50 @@ def _format_option(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def _books(args: argparse.Namespace, *, to_write: bool) -> tuple[Journal, AuditStore,
-                                                                 BooksSettings]:
-    from kiosk_agent.audit.settings import BooksSettings
+def _books(
+    args: argparse.Namespace, *, to_write: bool
+) -> tuple[Journal, AuditStore, BooksSettings, list[str]]:
+    """The journal, its audit tables, the dex: section, and the sources of its machine."""
+    from kiosk_agent.audit.settings import BooksSettings, machine_sources
     from kiosk_agent.audit.store import AuditStore
 
     config = unit_config(args)
     settings = BooksSettings.from_config(config.get("dex") or {})
+    sources = machine_sources(settings.trigger, config.triggers)
     journal = open_journal(config, to_write=to_write)
     store = AuditStore(lambda: journal.db)
     if to_write:
         store.open()
-    return journal, store, settings
+    return journal, store, settings, sources
 
 
 async def audit_command(args: argparse.Namespace) -> int:
     from kiosk_agent.audit.ledger import audit_report
+    from kiosk_agent.audit.reconcile import Intervals
     from kiosk_agent.cli.report import output_format
 
     fmt = output_format(args)
-    journal, store, settings = _books(args, to_write=False)
+    moment = parse_moment(args.since, option="--since")
+    journal, store, settings, sources = _books(args, to_write=False)
+    since = moment.timestamp() if moment is not None else time.time() - settings.mismatch_shown
     try:
-        report = audit_report(store, settings.planogram, settings.low_stock,
-                              machine=settings.trigger or "") if store.exists() else None
+        report = audit_report(
+            store, settings.planogram, settings.low_stock, since=since,
+            machine=settings.trigger or "", sources=sources,
+        ) if store.exists() else None
     finally:
         journal.close()
     if report is None:
         report = {"machine": settings.trigger or "", "last_read": None, "columns": [],
-                  "comparisons": [], "mismatch": ""}
+                  "comparisons": [], "mismatch": "", "since": since, "intervals": [],
+                  "in_all": Intervals(since).as_dict()}
     if fmt != "table":
         for piece in export_audit(report, fmt):
             sys.stdout.write(piece)
-        return EXIT_OK
-    print(audit_table(report))
-    return EXIT_OK
+    else:
+        print(audit_table(report))
+    # as `sales attention` does for a sale waiting: a cron job can alert on a mismatch
+    return EXIT_FAILED if report["in_all"]["mismatched"] else EXIT_OK
 
 
 def audit_table(report: dict[str, Any]) -> str:
@@ -127,19 +146,37 @@ def audit_table(report: dict[str, Any]) -> str:
         during = "" if last["clean"] else " (taken during a sale: no comparison boundary)"
         out.append(f"last read: {_when(last['at'])}{during}")
         out.extend(f"  changed: {for_terminal(c['text'])}" for c in last["changes"])
-    comparisons = report["comparisons"]
-    if not comparisons and last is not None:
-        out.append("journal: nothing compared yet (a comparison needs two reads taken while no "
-                   "sale of the machine ran)")
-    if comparisons:
-        latest = comparisons[0]
-        label = {"match": "matches: ", "mismatch": "MISMATCH: ",
-                 "not_compared": ""}[latest["verdict"]]  # its text says "not compared at ..."
-        out.append(f"journal: {label}{latest['text']}")
-        if latest["verdict"] == "mismatch":
-            ids = ", ".join(s["sale_id"] for s in latest["sales"]) or "none"
-            out.append(f"  the journal's sales of that interval: {ids}")
+    out.extend(intervals_lines(report))
     return "\n".join(out)
+
+
+def intervals_lines(report: dict[str, Any]) -> list[str]:
+    """The journal against the machine, interval by interval since the report's ``since``, and
+    the sums (``reconcile.Intervals``): what `kiosk-agent audit` and the demo's end print."""
+    from kiosk_agent.audit.reconcile import Comparison
+    from kiosk_agent.text import for_terminal
+
+    comparisons = report["comparisons"]
+    stretch = report["in_all"]
+    # the journal's sales of the stretch that no interval holds, said even with no interval
+    outside = [for_terminal(stretch["text"])] if stretch.get("before") else []
+    if not comparisons:
+        if report["last_read"] is None:
+            return []
+        return ["journal: nothing compared yet (a comparison needs two reads taken while no "
+                "sale of the machine ran)", *outside]
+    found = [Comparison.of(c) for c in report["intervals"]]
+    if not found:
+        latest = Comparison.of(comparisons[0])
+        return [f"journal: no interval ended since {display_time(report['since'])}; the "
+                f"latest, until {display_time(latest.until)}: {for_terminal(latest.line())}",
+                *outside]
+    return [
+        "journal against the machine's card vends, interval by interval since "
+        f"{display_time(report['since'])}:",
+        *(f"  {for_terminal(c.line())}" for c in found),
+        for_terminal(stretch["text"]),
+    ]
 
 
 def _when(at: float | None) -> str:
@@ -150,9 +187,8 @@ def _when(at: float | None) -> str:
 
 async def fill_command(args: argparse.Namespace) -> int:
     import getpass
-    import time
 
-    journal, store, settings = _books(args, to_write=True)  # the configuration first
+    journal, store, settings, _ = _books(args, to_write=True)  # the configuration first
     try:
         if args.all == bool(args.columns):
             raise CliError("name the columns refilled, or give --all (not both)", EXIT_USAGE)

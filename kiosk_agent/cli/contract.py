@@ -67,7 +67,8 @@ EXIT_QUIT = 131
 EXIT_CODES: dict[int, str] = {
     EXIT_OK: "done; the check passed; the charge was approved",
     EXIT_FAILED: "the check failed (reader down or offline, no printer), a charge was declined, "
-    "the service said no, or a sale waits (`sales attention`)",
+    "the service said no, a sale waits (`sales attention`), or the machine's books disagree "
+    "with the journal (`audit`)",
     EXIT_USAGE: "bad input: an option, an amount, a date, a missing credential, a broken config "
     "file",
     EXIT_AUTH: "the service refused the credentials",

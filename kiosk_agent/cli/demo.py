@@ -462,7 +462,7 @@ async def _run(config: Any, args: argparse.Namespace, page_token: str | None = N
                     platform.controller.observers.append(observer)
                 outage.follow(agent.availability, after=args.outage)
                 await _follow(queue, view, signals.event, args)
-                await _show_audit(agent, view)
+                await _show_audit(agent, view, began)
                 # A sale under way now is finished or given back: show how, not a bare "told no".
                 view.note("stopping: a sale under way is finished or its money given back")
                 await _show_until_done(agent.stop(), queue, view)
@@ -495,9 +495,10 @@ def journal_tally(config: Any, since: float) -> Tally:
     return tally
 
 
-async def _show_audit(agent: Any, view: LiveView) -> None:
+async def _show_audit(agent: Any, view: LiveView, began: float) -> None:
     """The machine's books at the end (a `dex:` section): one last read once the machine's
-    sales have ended, and what `kiosk-agent audit` prints."""
+    sales have ended, and what `kiosk-agent audit --since` the demo's start prints: every
+    interval of the run (a refill's read cuts one), each with its verdict, and their sums."""
     from kiosk_agent.cli.audit import audit_table
 
     books = next((c for c in agent.components if type(c).__name__ == "AuditReads"), None)
@@ -511,7 +512,7 @@ async def _show_audit(agent: Any, view: LiveView) -> None:
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(AUDIT_WAIT_S):
             await books.read_between_sales(recheck=0.05)
-    for line in audit_table(books.report()).splitlines():
+    for line in audit_table(books.report(since=began)).splitlines():
         view.note(line)
 
 

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     import aiohttp
 
 # What `--kind` picks from: a sale step, or one of the changes the stream says in words.
-KINDS = ("sale", "status", "problem", "cleared", "availability")
+KINDS = ("sale", "status", "problem", "cleared", "availability", "audit")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -723,6 +723,9 @@ def format_health(report: dict[str, Any], now: float | None = None) -> str:
     for link in snapshot.get("links", []):
         mark = "" if link.get("healthy") else "  <-"
         lines.append(f"link:     {link['name']:<12} {link['state']} {link.get('detail', '')}{mark}")
+    audit = snapshot.get("audit") or {}
+    if audit.get("books_reset"):  # the machine's books reset: no problem, said beside them
+        lines.append(f"audit:    {audit['books_reset']}")
     for problem in snapshot.get("problems", []):
         lines.append(f"problem:  {problem}")
     return "\n".join(lines)

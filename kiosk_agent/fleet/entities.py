@@ -360,10 +360,12 @@ AUDIT_ENTITIES: tuple[Entity, ...] = (
                 value="(value_json.audit.mismatch if value_json.audit else None)"
             ),
             # off also while the latest comparison was not made: what was not checked, and
-            # what to do, beside it (the report's audit.not_compared, "" once compared again)
+            # what to do, beside it (the report's audit.not_compared, "" once compared again);
+            # off after the machine's books were reset, said beside it (audit.books_reset)
             "json_attributes_template": (
                 "{{ {'mismatches': value_json.audit.mismatches,"
-                " 'not_compared': value_json.audit.not_compared} | tojson"
+                " 'not_compared': value_json.audit.not_compared,"
+                " 'books_reset': value_json.audit.books_reset} | tojson"
                 " if value_json.audit else '{}' }}"
             ),
         },

@@ -71,6 +71,7 @@ def audit_state(snapshot: HealthSnapshot) -> dict[str, Any] | None:
         "mismatch": bool(audit.mismatches),
         "mismatches": audit.mismatches,
         "not_compared": audit.not_compared,
+        "books_reset": audit.books_reset,
         "last_read": iso(audit.last_read_at) if audit.last_read_at is not None else None,
         "last_outcome": audit.last_outcome,
     }

@@ -207,6 +207,9 @@ class AuditHealth(_Model):
     # the latest comparison when it could not be made (a machine re-initialised, another machine,
     # counters not sent), in words with when it was seen; "" once a newer read compares again
     not_compared: str = ""
+    # the latest comparison when the machine's own books went back (its memory cleared, a board
+    # replaced): no mismatch and no problem, a new baseline; "" once a newer read compares
+    books_reset: str = ""
     low: list[str] = []  # columns low by the planogram
     sold_out: list[str] = []
 
@@ -427,8 +430,9 @@ class Health:
         """The machine's books: its reads' outcome, mismatches with the journal, stock."""
         changed = self._audit is None or (
             (self._audit.failures > 0, self._audit.mismatches, self._audit.low,
-             self._audit.not_compared)
-            != (audit.failures > 0, audit.mismatches, audit.low, audit.not_compared)
+             self._audit.not_compared, self._audit.books_reset)
+            != (audit.failures > 0, audit.mismatches, audit.low, audit.not_compared,
+                audit.books_reset)
         )
         self._audit = audit
         if changed:

@@ -4,7 +4,7 @@ written as the audit file a real machine answers over DEX (``audit.evadts.render
 Counted as a real controller counts: when the product drops (a card vend the agent was told
 failed still counts if it dropped), per column (PA2, and PA7 per payment device) and in total
 (VA1, CA2 for cash, DA2 for the cashless device the agent is). ``reset()`` is a tech clearing
-the since-reset counters; the since-initialisation ones never go down.
+the since-reset counters; the since-initialisation ones go down only at ``cold_start()``.
 """
 
 from __future__ import annotations
@@ -79,6 +79,14 @@ class MachineBooks:
         for counters in (self.paid, *self.by_payment.values(), *self.columns.values(),
                          *self.by_column.values()):
             counters.reset()
+
+    def cold_start(self) -> None:
+        """The machine's memory cleared (a board replaced, a cold start): every counter, since
+        initialisation too, starts again from 0, as the demo's machine does each run."""
+        self.paid = _Counters()
+        self.by_payment = {"cash": _Counters(), "cashless": _Counters()}
+        self.columns = {code: _Counters() for code in self.products}
+        self.by_column = {}
 
     def vends(self, payment: Payment) -> int:
         return self.by_payment[payment].since_init.count

@@ -46,10 +46,10 @@ async def test_the_page_shows_the_last_read_the_columns_out_and_the_mismatch(
     assert seen.errors == []
 
 
-async def test_the_page_shows_a_machine_reinitialised_as_the_store_holds_it(
+async def test_the_page_says_the_machines_books_reset_once_as_the_store_holds_it(
     agent: Any, admin_server: Any, browser: Browser
 ) -> None:
-    answers = [figures((40, 6000)), figures((1, 150))]  # its DA2 went down: re-initialised
+    answers = [figures((40, 6000))]
 
     async def read_file() -> bytes:
         return b"an audit file"
@@ -58,29 +58,36 @@ async def test_the_page_shows_a_machine_reinitialised_as_the_store_holds_it(
     await books.start()
     agent.components.append(books)
     await books.read_once()
+    page, seen = await _open(browser, admin_server.url, DESKTOP, READ_TOKEN)
+    card = page.locator("#audit")
+    await expect(card.locator("[data-audit=last-read]")).not_to_have_text("none yet",
+                                                                         timeout=WAIT_MS)
+    answers.append(figures((1, 150)))  # its DA2 went down: the machine's books went back
     await books.read_once()
     stored = books.store.last_comparison()
     assert stored is not None
-    assert stored.cause == "reinitialised"
-    page, seen = await _open(browser, admin_server.url, DESKTOP, READ_TOKEN)
-    card = page.locator("#audit")
-    await expect(card.locator("[data-audit=not-compared]")).to_have_text(
+    assert (stored.verdict, stored.cause) == ("books_reset", "reinitialised")
+    await expect(card.locator("[data-audit=books-reset]")).to_have_text(
         stored.text(), timeout=WAIT_MS
     )
-    # not "no mismatch" in green: the latest interval was not checked at all
+    # no mismatch, yet not "no mismatch" in green: the interval was not checked
     await expect(card.locator("[data-audit=mismatch]")).to_have_text(
-        "not checked: the latest read was not compared (below)")
+        "no mismatch; not checked since the machine's books were reset (below)")
     await expect(card.locator("[data-audit=mismatch]")).not_to_have_class("good")
-    await expect(page.locator("#problems")).to_contain_text(f"audit of lobby {stored.text()}")
-    assert "service log" in stored.text()  # what to do, said on the card and in the problems
+    await expect(card.locator("[data-audit=not-compared]")).to_have_count(0)
+    # no problem; said once in the page's event log, as health holds it
+    await expect(page.locator("#problems")).not_to_contain_text("lobby")
+    said = page.locator("#events li", has_text="lobby: the machine's books were reset")
+    await expect(said).to_have_count(1, timeout=WAIT_MS)
+    await expect(said).to_contain_text(stored.text())
     # the next read compares again (nothing sold since): the store's latest is a match, and the
-    # card and the problem go
+    # card's line goes
     answers.append(figures((1, 150)))
     await books.read_once()
     latest = books.store.last_comparison()
     assert latest is not None
     assert latest.verdict == "match"
-    await expect(card.locator("[data-audit=not-compared]")).to_have_count(0, timeout=WAIT_MS)
+    await expect(card.locator("[data-audit=books-reset]")).to_have_count(0, timeout=WAIT_MS)
     await expect(card.locator("[data-audit=mismatch]")).to_have_text("no mismatch")
-    await expect(page.locator("#problems")).not_to_contain_text("not compared")
+    await expect(said).to_have_count(1)
     assert seen.errors == []

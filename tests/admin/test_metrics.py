@@ -269,7 +269,8 @@ CONDITIONAL = {"kiosk_agent_upstream_sent_total", "kiosk_agent_upstream_dropped_
                # with a dex: section only (tests/audit/test_component.py scrapes them)
                "kiosk_agent_audit_reads_total", "kiosk_agent_audit_vends_total",
                "kiosk_agent_audit_mismatch", "kiosk_agent_audit_columns_low",
-               "kiosk_agent_audit_last_read_timestamp_seconds", "kiosk_agent_audit_not_compared"}
+               "kiosk_agent_audit_last_read_timestamp_seconds", "kiosk_agent_audit_not_compared",
+               "kiosk_agent_audit_books_reset"}
 
 
 def _dashboard_queries() -> list[str]:

@@ -7,8 +7,9 @@ in (a block stated twice, a count of 16 digits, a tenth of a cent, a character b
 a lost line), refused with an AuditError naming it. And a machine's life between reads (honest
 sales, a vend the agent never heard, a sale the machine never vended, a tech's reset, a
 re-initialisation, a counter that wraps, another machine, a read during a sale), each read
-going through the writer, the reader, the store and the comparison: the verdict is the truth or
-"not compared" with its cause, never a match that is not one, and no sale is touched.
+going through the writer, the reader, the store and the comparison: the verdict is the truth,
+"not compared" with its cause or the machine's books reset (a counter went back), never a match
+that is not one, and no sale is touched.
 """
 
 from __future__ import annotations
@@ -343,9 +344,9 @@ def _truthful(comparison, interval: Interval, base: Tally, base_reset: Tally, no
             not interval.reset and lost_unseen_by_the_reset_counter
         )
         if seen:
-            assert (comparison.verdict, comparison.cause) == ("not_compared", "reinitialised"), (
-                comparison.text()
-            )
+            # the machine's books reset: no mismatch, a new baseline, the interval not checked
+            assert (comparison.verdict, comparison.cause, comparison.machine) == (
+                "books_reset", "reinitialised", None), comparison.text()
         return  # climbed back past the last read with nothing else to tell: the counts decide
     counted = interval.honest + interval.unheard
     assert comparison.machine == Tally(counted, counted * PRICE)

@@ -20,6 +20,7 @@ from kiosk_agent.audit.schema import DEX_SCHEMA
 from kiosk_agent.bus import EventBus
 from kiosk_agent.health.model import Health
 from kiosk_agent.sales.clock import FakeClock
+from kiosk_agent.sales.events import EventLog
 from kiosk_agent.sales.journal import Journal
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState
@@ -78,6 +79,7 @@ def fake_agent(journal: Journal, clock: FakeClock) -> SimpleNamespace:
         config=_Config({"journal": {"keep_days": 30}}, triggers),
         journal=journal, clock=clock, health=Health("test"), events=EventBus(),
         sales=Sales(), settings=SimpleNamespace(currency="USD"),
+        event_log=EventLog(lambda: journal.db, clock),
     )
 
 
@@ -261,6 +263,7 @@ async def test_metrics_count_reads_by_outcome_and_the_machines_vends(
     assert 'kiosk_agent_audit_vends_total{payment="cashless"} 5.0' in text
     assert "kiosk_agent_audit_mismatch 1.0" in text
     assert "kiosk_agent_audit_not_compared 0.0" in text  # two reads compared
+    assert "kiosk_agent_audit_books_reset 0.0" in text
 
 
 async def test_a_flooding_port_ends_the_read_with_the_links_reason_in_health(
@@ -287,12 +290,13 @@ async def test_a_port_that_is_not_there_is_named(fake_agent: SimpleNamespace) ->
     assert any("cannot open /dev/no-such-dex-port" in p for p in problems), problems
 
 
-async def test_a_reinitialised_machine_shows_in_health_until_a_read_compares_again(
+async def test_the_machines_books_reset_are_said_once_as_no_problem_and_a_new_baseline(
     reads: AuditReads, port: ScriptedPort, clock: FakeClock, journal: Journal,
     fake_agent: SimpleNamespace,
 ) -> None:
-    from kiosk_agent.fleet.report import audit_state
-    from kiosk_agent.moments import display_time
+    from kiosk_agent.admin.page import health_changes
+    from kiosk_agent.cli.fleet import format_health
+    from kiosk_agent.fleet.report import audit_state, build_report
 
     port.answers.append(figures((40, 6000)))
     await next_read(reads, clock, 5)
@@ -300,40 +304,56 @@ async def test_a_reinitialised_machine_shows_in_health_until_a_read_compares_aga
     vended_sale(journal, 150)
     sales = [tuple(r) for r in journal.db.execute("SELECT * FROM sales ORDER BY sale_id")]
     assert len(sales) == len(before) + 1
-    port.answers.append(figures((1, 150)))  # the machine re-initialised: its DA2 went down
+    was = fake_agent.health.snapshot().model_dump(mode="json")
+    port.answers.append(figures((1, 150)))  # the machine's books went back: its DA2 went down
     await next_read(reads, clock, 600)
     snapshot = fake_agent.health.snapshot()
     stored = reads.store.last_comparison()
     assert stored is not None
-    assert (stored.verdict, stored.cause) == ("not_compared", "reinitialised")
-    # what health, the page, Home Assistant and /metrics show is what the store holds
-    assert snapshot.audit.not_compared == stored.text()
-    assert f"not compared at {display_time(stored.until)}" in stored.text()
-    assert "the machine was re-initialised" in stored.text()
-    assert f"audit of snacks {stored.text()}" in snapshot.problems
+    assert (stored.verdict, stored.cause) == ("books_reset", "reinitialised")
+    # what health, the page, Home Assistant and /metrics show is what the store holds: a reset
+    # of the books, no mismatch and no problem
+    assert snapshot.audit.books_reset == stored.text()
+    assert snapshot.audit.not_compared == ""
     assert snapshot.audit.mismatches == []
-    assert audit_state(snapshot)["not_compared"] == stored.text()  # type: ignore[index]
-    assert reads.figures()["not_compared"] == 1
+    assert not any("audit" in p for p in snapshot.problems), snapshot.problems
+    assert audit_state(snapshot)["books_reset"] == stored.text()  # type: ignore[index]
+    assert audit_state(snapshot)["mismatch"] is False  # type: ignore[index]
+    # `kiosk-agent health` and `fleet show` say it beside the problems, not among them
+    assert f"audit:    {stored.text()}" in format_health(snapshot.model_dump(mode="json"))
+    assert f"audit:    {stored.text()}" in format_health(
+        build_report("unit-1", snapshot, 60.0)).splitlines()
+    assert reads.figures()["not_compared"] == reads.figures()["mismatches"] == 0
+    assert reads.figures()["books_reset"] == 1  # /metrics: kiosk_agent_audit_books_reset
     assert reads.report()["comparisons"][0]["text"] == stored.text()
+    # said once: one event journaled, one note in the event log when health shows it
+    events = fake_agent.event_log.recent(kind="books_reset")
+    assert [(e.subject, e.detail["text"]) for e in events] == [("snacks", stored.text())]
+    notes = health_changes(was, snapshot.model_dump(mode="json"))
+    assert [n["kind"] for n in notes] == ["audit"]
+    assert notes[0]["text"] == f"snacks: {stored.text()}"
     # the audit only reports: no sale of the journal was touched
     assert [tuple(r) for r in journal.db.execute("SELECT * FROM sales ORDER BY sale_id")] == sales
-    # an unclean read compares nothing: still shown
+    # an unclean read compares nothing: still shown, not said again
     fake_agent.sales.running.append(live_sale())
     port.answers.append(figures((1, 150)))
     task = asyncio.ensure_future(reads.read_once())
     await asyncio.wait_for(task, 5)
     fake_agent.sales.running.clear()
-    assert fake_agent.health.snapshot().audit.not_compared == stored.text()
-    vended_sale(journal, 150)
-    port.answers.append(figures((2, 300)))  # the next clean read compares again
+    assert fake_agent.health.snapshot().audit.books_reset == stored.text()
+    assert len(fake_agent.event_log.recent(kind="books_reset")) == 1
+    # the new baseline: a vend the journal does not hold after the reset is a mismatch again
+    port.answers.append(figures((2, 300)))
     await next_read(reads, clock, 600)
     snapshot = fake_agent.health.snapshot()
     latest = reads.store.last_comparison()
     assert latest is not None
-    assert latest.verdict == "match"
-    assert snapshot.audit.not_compared == ""
-    assert not any(p.startswith("audit of snacks") for p in snapshot.problems)
-    assert reads.figures()["not_compared"] == 0
+    assert (latest.verdict, latest.machine, latest.journal) == ("mismatch", Tally(1, 150),
+                                                                 Tally(0, 0))
+    assert snapshot.audit.books_reset == ""
+    assert reads.figures()["books_reset"] == 0
+    assert snapshot.audit.mismatches
+    assert reads.figures()["mismatches"] == 1
 
 
 async def test_a_file_stating_da2_twice_is_unreadable_naming_both_lines_and_reads_go_on(

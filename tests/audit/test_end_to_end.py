@@ -212,3 +212,85 @@ dex:
     # since the refill: the 4th customer's column sold 1, the other none, none past capacity
     assert sorted(sold for _, sold in stock.values()) == [0, 1]
     assert all(sold is not None and sold <= capacity for capacity, sold in stock.values())
+
+
+async def test_the_machines_books_cleared_are_a_new_baseline_said_once_and_mismatches_still_caught(
+    agent_factory: Any,
+) -> None:
+    """The machine's memory cleared between two reads (its books start again from 0, as the
+    demo's machine does each run): a reset of its books, said once, no problem and no mismatch;
+    the next read compares from it, and a vend the agent never heard is caught again."""
+    agent, controller, books = await machine_and_books(agent_factory)
+    await books.read_once()
+    await served(agent, controller, "A1")
+    await served(agent, controller, "A2")
+    await books.read_once()  # DA2 since initialisation: 2 worth $4.00
+    await served(agent, controller, "A2")
+    controller.books.cold_start()  # DA2 since initialisation: 0
+    await served(agent, controller, "A1")
+    recorded = await books.read_once()
+    assert recorded is not None
+    reset = recorded.comparison
+    assert reset is not None
+    assert (reset.verdict, reset.machine) == ("books_reset", None)
+    # the journal's side of that interval: its two sales, as its rows hold them
+    held = [agent.journal.get(s.sale_id) for s in reset.sales]
+    assert [(r.product, r.vended_cents) for r in held if r is not None] == [("A2", 250),
+                                                                           ("A1", 150)]
+    assert "went down (2 worth $4.00 -> 1 worth $1.50)" in reset.text()
+    assert "the journal's 2 card vends worth $4.00 of that interval are not checked" in (
+        reset.text())
+    health = agent.health.snapshot()
+    assert health.audit is not None
+    assert health.audit.books_reset == reset.text()
+    assert not any("audit" in p for p in health.problems), health.problems
+    assert [e.detail["text"] for e in agent.event_log.recent(kind="books_reset")] == [reset.text()]
+    # from the new baseline: honest, then a vend the agent never heard
+    await served(agent, controller, "A2")
+    recorded = await books.read_once()
+    assert recorded is not None
+    assert recorded.comparison is not None
+    assert recorded.comparison.verdict == "match"
+    await served(agent, controller, "A1", unheard=True)
+    recorded = await books.read_once()
+    assert recorded is not None
+    assert recorded.comparison is not None
+    assert recorded.comparison.verdict == "mismatch"
+    assert "the machine counted 1 card vend worth $1.50" in recorded.comparison.text()
+    assert len(agent.event_log.recent(kind="books_reset")) == 1  # said once
+
+
+async def test_a_second_run_on_the_journal_meets_the_virtual_machines_books_anew_as_a_reset(
+    agent_factory: Any,
+) -> None:
+    """`kiosk-agent run -c config/demo.yaml` twice: the first run read its machine at 0, sold
+    and stopped with no read at its stop; the second run's machine starts its books at 0 again.
+    0 then 0 with the first run's sales between is no mismatch: the agent made that machine
+    with each run, so the interval is a reset of its books, said with the journal's sales."""
+    first, controller, books = await machine_and_books(agent_factory)
+    await books.read_once()  # DA2 0: the first run's baseline
+    await served(first, controller, "A1")
+    await served(first, controller, "A2")
+    sold = [row[0] for row in first.journal.db.execute("SELECT sale_id FROM sales")]
+    assert len(sold) == 2
+    await first.stop()
+
+    second, controller, books = await machine_and_books(agent_factory)
+    assert second.journal.path == first.journal.path  # the same journal, kept between runs
+    recorded = await books.read_once()
+    assert recorded is not None
+    reset = recorded.comparison
+    assert reset is not None
+    assert (reset.verdict, reset.cause, reset.machine) == ("books_reset", "restarted", None)
+    assert sorted(s.sale_id for s in reset.sales) == sorted(sold)
+    assert reset.text().startswith("the machine's books were reset between ")
+    assert ": the virtual machine snacks starts its books at 0 with each run of the agent; the " \
+        "journal's 2 card vends worth $4.00 of that interval are not checked" in reset.text()
+    health = second.health.snapshot()
+    assert not any("audit" in p for p in health.problems), health.problems
+    # the run's own intervals compare as any machine's
+    await served(second, controller, "A1")
+    recorded = await books.read_once()
+    assert recorded is not None
+    assert recorded.comparison is not None
+    assert recorded.comparison.verdict == "match"

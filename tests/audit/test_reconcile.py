@@ -7,7 +7,7 @@ import dataclasses
 
 from kiosk_agent.audit.books import Figures, figures_of
 from kiosk_agent.audit.evadts import Counters, Tally, parse_audit, render_audit
-from kiosk_agent.audit.reconcile import CardSale, Side, changes, compare
+from kiosk_agent.audit.reconcile import CardSale, Comparison, Intervals, Side, changes, compare
 from tests.audit.helpers import figures
 
 TEN = 1_764_324_000.0  # a morning, Unix time
@@ -52,16 +52,37 @@ def test_a_counter_reset_compares_on_the_since_initialisation_counters() -> None
     assert [c.kind for c in changes(before.figures, after.figures)] == ["reset"]
 
 
-def test_a_machine_reinitialised_is_not_compared_and_says_why() -> None:
+def test_the_machines_books_gone_back_are_a_reset_not_a_mismatch_and_say_so() -> None:
+    # 40 card vends since initialisation, then 1: its memory cleared (or a board replaced)
     result = compare(Side(TEN, figures((40, 6000))), Side(TEN + 60, figures((1, 150))),
                      [sale(1, 150)])
-    assert result.verdict == "not_compared"
-    assert "re-initialised" in result.text()
-    assert "the journal holds 1 card vend worth $1.50" in result.text()
-    # what a tech does about it, on every face that shows the text
-    assert result.text().endswith(
-        "; look for the re-initialisation in the machine's service log: the card vends of this "
-        "interval are not checked, the next read compares from this one"), result.text()
+    assert (result.verdict, result.cause, result.machine) == ("books_reset", "reinitialised", None)
+    assert not result.mismatch
+    assert result.text() == (
+        "the machine's books were reset between 2025-11-28 10:00:00Z and 2025-11-28 10:01:00Z "
+        "(its memory cleared, a board replaced or a counter wrapped): its DA2 (cashless) since "
+        "initialisation went down (40 worth $60.00 -> 1 worth $1.50); the journal's 1 card vend "
+        "worth $1.50 of that interval are not checked; no mismatch: the next read compares from "
+        "this one"
+    )
+
+
+def test_a_counter_moving_forward_by_more_or_less_than_the_journal_is_still_a_mismatch() -> None:
+    # a reset is a counter that went back; forward by one vend too few, or too many, is not one
+    before = Side(TEN, figures((40, 6000)))
+    for after, held in ((figures((41, 6150)), 2), (figures((43, 6450)), 2)):
+        result = compare(before, Side(TEN + 60, after), [sale(n, 150) for n in range(held)])
+        assert (result.verdict, result.cause) == ("mismatch", "")
+
+
+def test_a_reset_stored_before_it_had_its_own_verdict_reads_as_one() -> None:
+    stored = {"verdict": "not_compared", "cause": "reinitialised", "since": TEN, "until": TEN + 60,
+              "machine": None, "journal": {"count": 0, "value": 0},
+              "reason": "the machine was re-initialised (or a counter wrapped): its DA2 (cashless)"
+                        " since initialisation went down (40 worth $60.00 -> 1 worth $1.50)"}
+    old = Comparison.of(stored)
+    fresh = compare(Side(TEN, figures((40, 6000))), Side(TEN + 60, figures((1, 150))), [])
+    assert (old.verdict, old.reason, old.text()) == (fresh.verdict, fresh.reason, fresh.text())
 
 
 def test_another_machine_answering_is_not_compared() -> None:
@@ -140,8 +161,7 @@ def test_a_machine_reinitialised_says_so_with_both_figures() -> None:
     result = compare(Side(TEN, figures((40, 6000))), Side(TEN + 60, figures((1, 150))), [])
     assert result.cause == "reinitialised"
     assert result.reason == (
-        "the machine was re-initialised (or a counter wrapped): its DA2 (cashless) since "
-        "initialisation went down (40 worth $60.00 -> 1 worth $1.50)"
+        "its DA2 (cashless) since initialisation went down (40 worth $60.00 -> 1 worth $1.50)"
     )
 
 
@@ -151,7 +171,8 @@ def test_a_machine_reinitialised_whose_counters_climbed_back_is_still_seen() -> 
     before = Side(TEN, figures((40, 6000), reset=(10, 1500)))
     after = Side(TEN + 60, figures((41, 6150), reset=(41, 6150)))
     result = compare(before, after, [sale(n, 150) for n in range(41)])
-    assert (result.verdict, result.cause) == ("not_compared", "reinitialised")
+    # the machine's own two counters prove the reset: no mismatch read off the +1
+    assert (result.verdict, result.cause) == ("books_reset", "reinitialised")
     assert "grew by 1 worth $1.50 since initialisation but by 31 worth $46.50 since the reset" in (
         result.reason
     )
@@ -239,3 +260,58 @@ def test_the_cashless_device_changed_between_reads_is_not_compared_and_says_what
         assert [(c.kind, c.text) for c in changes(before, after)] == [
             ("device", f"cashless device {was} -> {now}")
         ]
+
+
+def test_a_stretch_sums_its_intervals_and_names_each_mismatch_even_when_the_sums_agree() -> None:
+    # three intervals: a match, a vend the journal lacks, a sale the machine never vended; the
+    # two faults cancel in the sums, so the sums alone would say all is well
+    reads = [figures((10, 1500)), figures((12, 1800)), figures((14, 2100)), figures((15, 2250))]
+    held = [[sale(1, 150), sale(2, 150)], [sale(3, 150)], [sale(4, 150), sale(5, 150)]]
+    found = tuple(compare(Side(TEN + 60 * n, reads[n]), Side(TEN + 60 * (n + 1), reads[n + 1]),
+                          held[n]) for n in range(3))
+    stretch = Intervals(TEN, found)
+    assert [c.verdict for c in stretch.comparisons] == ["match", "mismatch", "mismatch"]
+    assert stretch.machine == stretch.journal == Tally(5, 750)
+    assert stretch.verdict == "mismatch"
+    assert stretch.total() == (
+        "in all, 3 intervals from 2025-11-28 10:00:00Z to 10:03:00Z: the machine counted 5 card "
+        "vends worth $7.50; the journal holds 5 card vends worth $7.50; MISMATCH in 2 intervals: "
+        "2025-11-28 10:01:00Z to 10:02:00Z, 2025-11-28 10:02:00Z to 10:03:00Z"
+    )
+    lines = stretch.lines()
+    assert lines[0] == ("2025-11-28 10:00:00Z to 10:01:00Z  match: the machine counted 2 card "
+                        "vends worth $3.00; the journal holds 2 card vends worth $3.00")
+    assert lines[1].endswith("MISMATCH: the machine counted 2 card vends worth $3.00; the journal "
+                             "holds 1 card vend worth $1.50 (sales in the interval: s3)")
+    assert lines[3] == stretch.total()
+
+
+def test_a_reset_of_the_books_stays_out_of_the_sums_said_apart_with_the_journals_side() -> None:
+    first = compare(Side(TEN, figures((10, 1500))), Side(TEN + 60, figures((12, 1800))),
+                    [sale(1, 150), sale(2, 150)])
+    reset = compare(Side(TEN + 60, figures((12, 1800))), Side(TEN + 120, figures((1, 150))),
+                    [sale(3, 150)])
+    after = compare(Side(TEN + 120, figures((1, 150))), Side(TEN + 180, figures((2, 300))),
+                    [sale(4, 150)])
+    stretch = Intervals(TEN, (first, reset, after))
+    assert (stretch.verdict, stretch.machine, stretch.journal) == (
+        "not_checked", Tally(3, 450), Tally(3, 450))
+    assert stretch.journal_not_checked == Tally(1, 150)
+    assert stretch.total().endswith(
+        "; not checked: 1 interval (2025-11-28 10:01:00Z to 10:02:00Z, the machine's books "
+        "reset), the journal's 1 card vend worth $1.50 of them outside these sums")
+    assert "books reset: its DA2 (cashless) since initialisation went down" in stretch.lines()[1]
+    assert Intervals(TEN).total() == (
+        "in all since 2025-11-28 10:00:00Z: no interval compared (a comparison needs two reads "
+        "taken while no sale of the machine ran)")
+
+
+def test_intervals_not_checked_are_each_named_apart() -> None:
+    reset = compare(Side(TEN, figures((12, 1800))), Side(TEN + 60, figures((1, 150))), [])
+    again = compare(Side(TEN + 60, figures((1, 150))), Side(TEN + 120, figures((0, 0))),
+                    [sale(1, 150)])
+    assert Intervals(TEN, (reset, again)).total() == (
+        "in all, 2 intervals from 2025-11-28 10:00:00Z to 10:02:00Z: none compared; not checked: "
+        "2 intervals (2025-11-28 10:00:00Z to 10:01:00Z, the machine's books reset; 2025-11-28 "
+        "10:01:00Z to 10:02:00Z, the machine's books reset), the journal's 1 card vend worth "
+        "$1.50 of them outside these sums")

@@ -573,3 +573,68 @@ def test_a_demo_on_a_journal_of_its_own_that_it_cannot_have_says_so(
     assert "cannot claim the journal" in said
     assert "unexpected" not in said
     assert "please report" not in said
+
+
+async def test_the_demos_books_line_tells_every_interval_of_the_run_a_refill_cut(
+    demo_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The demo's snack machine with one of each product: its tech refills mid-run (reads the
+    books first), so the run has two intervals or more. The closing lines give each with its
+    verdict and their sums, the same as `kiosk-agent audit --since` the demo's start, and the
+    sums are the journal's own sales of those intervals (summed as Decimal)."""
+    from decimal import Decimal
+
+    import yaml
+
+    config = yaml.safe_load(DEMO_CONFIG.read_text())
+    config["terminals"] = config["terminals"][:1]
+    config["triggers"] = config["triggers"][:1]  # the snack machine alone
+    config["triggers"][0]["products"] = {"A1": "1.50", "A2": "2.50"}
+    config["dex"]["planogram"] = {"A1": 1, "A2": 1}  # sold out after two drops: the tech comes
+    config["dex"]["low_stock"] = 0
+    path = demo_home / "one-of-each.yaml"
+    path.write_text(yaml.safe_dump(config))
+    began = time.time()
+    code, out, err = await _demo("-c", str(path), "--sales", "8", "--speed", "5",
+                                 home=demo_home, within=120.0)
+    assert code == 0, err
+    assert "Traceback" not in err
+    lines = [line.split(" demo ", 1)[-1] for line in out.splitlines()]
+    head = next(n for n, line in enumerate(lines) if line.startswith("journal against"))
+    intervals = []
+    for line in lines[head + 1:]:
+        if not line.startswith("  "):
+            break
+        intervals.append(line.strip())
+    closing = lines[head + 1 + len(intervals)]
+    assert len(intervals) >= 2, out  # the tech's read cut the run
+    assert all("  match: " in line for line in intervals), intervals  # an honest machine
+    assert closing.startswith(f"in all, {len(intervals)} intervals from "), closing
+    assert closing.endswith(": every interval matches"), closing
+
+    # the same story as `kiosk-agent audit --since` the demo's start tells it
+    since = f"{int(began)}"
+    capsys.readouterr()
+    # (in a thread: the command runs its own event loop, as from a shell)
+    command = ["audit", "-c", str(path), "--json", "--since", since]
+    assert await asyncio.to_thread(main, command) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["in_all"]["text"] == closing
+    assert len(document["intervals"]) == len(intervals)
+    # against the journal's rows: each sale of an interval is a snack sale the journal holds,
+    # completed, and the sums are theirs
+    assert main(["sales", "-c", str(path), "--json", "--since", since]) == 0
+    sales = {s["sale_id"]: s for s in json.loads(capsys.readouterr().out)}
+    listed = [s["sale_id"] for c in document["intervals"] for s in c["sales"]]
+    assert len(listed) == len(set(listed))
+    assert all(sales[i]["source"] == "virtual:snacks" for i in listed)
+    held = sum((Decimal(str(sales[i]["captured"])) for i in listed), Decimal(0))
+    in_all = document["in_all"]
+    assert Decimal(in_all["journal"]["value"]) / 100 == held
+    assert in_all["journal"]["count"] == len(listed)
+    assert in_all["machine"] == in_all["journal"]
+    # every snack sale that captured money after the first interval began is in one of them
+    first = document["intervals"][0]["since"]
+    captured = [i for i, s in sales.items() if s["source"] == "virtual:snacks"
+                and Decimal(str(s["captured"])) > 0 and s["created"] > first]
+    assert set(captured) <= set(listed), (captured, listed)

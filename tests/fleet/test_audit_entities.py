@@ -63,3 +63,21 @@ def test_their_templates_read_what_the_report_holds() -> None:
                     assert part in value, (key, path)
                     value = value[part]
     assert build_report("unit-1", settled_agent().health.snapshot())["audit"] is None
+
+
+def test_the_machines_books_reset_are_an_attribute_beside_the_mismatch_never_a_problem() -> None:
+    from kiosk_agent.audit.reconcile import Side, compare
+    from tests.audit.helpers import figures
+
+    agent = settled_agent()
+    reset = compare(Side(1_764_324_000.0, figures((40, 6000))),
+                    Side(1_764_327_600.0, figures((1, 150))), [])
+    agent.health.report_audit(AuditHealth(machine="snacks", books_reset=reset.text()))
+    snapshot = agent.health.snapshot()
+    report = build_report("unit-1", snapshot, 60.0)
+    assert report["audit"]["books_reset"] == reset.text()
+    assert report["audit"]["mismatch"] is False
+    assert snapshot.problems == []
+    assert report["problems"] == []
+    attributes = _discovery(True)["audit_mismatch"]["json_attributes_template"]
+    assert "'books_reset': value_json.audit.books_reset" in attributes

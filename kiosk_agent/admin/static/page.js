@@ -394,12 +394,18 @@ function renderAudit() {
     el("dt", {}, "sold out"), el("dd", { class: audit.sold_out.length ? "bad" : "", "data-audit": "sold-out" }, list(audit.sold_out)),
     el("dt", {}, "low"), el("dd", { class: audit.low.length ? "warn" : "", "data-audit": "low" }, list(audit.low)),
     el("dt", {}, "journal"),
-    // a comparison not made checked nothing: never "no mismatch" in green beside it
-    el("dd", { class: audit.mismatches.length ? "bad" : audit.not_compared ? "warn" : "good", "data-audit": "mismatch" },
+    // a comparison not made checked nothing: never "no mismatch" in green beside it; nor after
+    // the machine's books were reset (no mismatch, a new baseline, the interval not checked)
+    el("dd", { class: audit.mismatches.length ? "bad" : audit.not_compared || audit.books_reset ? "warn" : "good", "data-audit": "mismatch" },
       audit.mismatches.length ? audit.mismatches.join("; ")
-        : audit.not_compared ? "not checked: the latest read was not compared (below)" : "no mismatch"),
+        : audit.not_compared ? "not checked: the latest read was not compared (below)"
+        : audit.books_reset ? "no mismatch; not checked since the machine's books were reset (below)"
+        : "no mismatch"),
     audit.not_compared ? [el("dt", {}, "compared"),
-      el("dd", { class: "bad", "data-audit": "not-compared" }, audit.not_compared)] : null);
+      el("dd", { class: "bad", "data-audit": "not-compared" }, audit.not_compared)] : null,
+    // the machine's own books went back: no mismatch, a new baseline, said as the store holds it
+    audit.books_reset ? [el("dt", {}, "books reset"),
+      el("dd", { class: "warn", "data-audit": "books-reset" }, audit.books_reset)] : null);
 }
 
 function result(key) {
