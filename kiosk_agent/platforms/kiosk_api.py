@@ -417,7 +417,7 @@ class KioskApi:
         return {
             "host": self.config["host"],
             "port": self.port,
-            "listening": self._site.listening(),  # or waiting for its port, held by whom
+            "listening": self._site.listening(),  # or waiting: its port held, its address missing
             "requests": self.requests,
             "rejected": self.rejected,
             "unexpected": self._site.unexpected,  # requests a handler failed (a bug)
