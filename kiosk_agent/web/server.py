@@ -384,9 +384,16 @@ class ListenError(OSError):
     """A local server could not listen: says which one, where, and what to change."""
 
     def __init__(self, name: str, host: str, port: int, err: OSError) -> None:
-        # os.strerror: asyncio's own text repeats the address ("error while attempting ...")
-        why = os.strerror(err.errno) if err.errno else str(err)
-        if err.errno == errno.EADDRINUSE:
+        # os.strerror: asyncio's own text repeats the address ("error while attempting ...");
+        # a name that does not resolve (getaddrinfo's error) has its own words, not errno's
+        # ("unknown error -2")
+        if isinstance(err, socket.gaierror):
+            why = err.strerror or str(err)
+        else:
+            why = os.strerror(err.errno) if err.errno else str(err)
+        if isinstance(err, socket.gaierror):
+            fix = "the name does not resolve here: correct the host, or write its address"
+        elif err.errno == errno.EADDRINUSE:
             fix = "another program (or another agent) holds it: stop that one or change the port"
         elif err.errno == errno.EADDRNOTAVAIL:
             fix = "this machine has no such address: change the host"
