@@ -3,9 +3,10 @@ DHCP has given it, at boot): it waits for the address, said so, and serves once 
 appears (web/server.py's PortWait, the same wait as a port held), instead of a kiosk API down
 until a restart or an admin API that stopped the agent (exit 1) until systemd gave up.
 
-The address is a real one of TEST-NET-2 (198.51.100.0/24, RFC 5737), which no machine has: a
-bind to it really fails. It appears as a /32 on ``lo`` (``ip addr add``) where the test may
-(root, or CAP_NET_ADMIN), and is taken away after; elsewhere the tests that need it are skipped.
+The address is a real one of TEST-NET-2 or -3 (198.51.100.0/24, 203.0.113.0/24, RFC 5737),
+which no machine has: a bind to it really fails. It appears as a /32 on ``lo`` (``ip addr
+add``) where the test may (root, or CAP_NET_ADMIN), and is taken away after; elsewhere the
+tests that need it are skipped.
 The waits run on a FakeClock the test moves: no step of the backoff is a real sleep.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
 import random
 import shutil
 import socket
@@ -37,9 +39,16 @@ from .test_port_wait import _hello, _sells
 
 
 def _not_here() -> str:
-    """An address of TEST-NET-2 this machine does not have now (a bind to it is refused)."""
+    """An address of TEST-NET-2 or -3 this machine does not have now (a bind to it is refused).
+    Each test worker draws from its own part of them, so a test that adds its address to
+    ``lo`` never makes another worker's "not here" one appear."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    index = int(worker.removeprefix("gw")) if worker.startswith("gw") else 0
+    mine = [f"{net}.{host}" for net in ("198.51.100", "203.0.113") for host in range(1, 255)
+            ][index::max(1, workers)]
     for _ in range(50):
-        address = f"198.51.100.{random.randint(1, 254)}"
+        address = random.choice(mine)
         with socket.socket() as probe:
             try:
                 probe.bind((address, 0))
@@ -47,7 +56,7 @@ def _not_here() -> str:
                 if err.errno == errno.EADDRNOTAVAIL:
                     return address
                 raise
-    pytest.fail("every address of 198.51.100.0/24 tried is on this machine")
+    pytest.fail("every address of 198.51.100.0/24 and 203.0.113.0/24 tried is on this machine")
 
 
 async def _ip(*args: str) -> tuple[int, str]:
