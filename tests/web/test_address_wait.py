@@ -179,15 +179,16 @@ async def test_a_site_serves_within_a_step_of_its_address_appearing(address: Add
 
 
 @pytest.mark.slow(seconds=5)
-async def test_a_kiosk_api_and_an_admin_api_wait_for_their_address_while_the_agent_sells(
+async def test_the_agent_s_servers_wait_for_their_address_while_the_agent_sells(
     tmp_path: Path, sim_settings: Any, address: Address
 ) -> None:
-    """Before: the kiosk API there was `cannot start` until a restart, and an admin API there
-    stopped the whole agent (ListenError, exit 1; systemd restarted it and gave up after its
-    start limit), no sale at all. Now the agent starts and sells on its other trigger while
-    both wait, said in health and the kiosk API's status; once the address appears both serve
-    within one step, and the kiosk API there sells."""
+    """Before: the kiosk API there was `cannot start` until a restart, and an admin API or a
+    webhook receiver there stopped the whole agent (ListenError, exit 1; systemd restarted it
+    and gave up after its start limit), no sale at all. Now the agent starts and sells on its
+    other trigger while the three wait, said in health and the kiosk API's status; once the
+    address appears all serve within one step, and the kiosk API there sells."""
     from kiosk_agent.admin.server import AdminServer
+    from kiosk_agent.admin.webhooks import WebhookReceiver
 
     clock = FakeClock(wall=time.time())
     triggers = [
@@ -197,22 +198,26 @@ async def test_a_kiosk_api_and_an_admin_api_wait_for_their_address_while_the_age
          "products": {"tea": "1.75"}},
     ]
     admin = {"admin": {"host": address.host, "port": 0, "metrics_public": True,
-                       "tokens": [{"name": "tech", "token": "!secret admin_token"}]}}
+                       "tokens": [{"name": "tech", "token": "!secret admin_token"}]},
+             "webhooks": {"host": address.host, "port": 0, "secret": "!secret hook",
+                          "store": str(tmp_path / "webhooks.db")}}
     async with (
         running_agent(tmp_path, sim_settings, triggers, clock=clock, sections=admin,
-                      secrets={"kiosk_token": TOKEN, "admin_token": "a" * 24}) as agent,
+                      secrets={"kiosk_token": TOKEN, "admin_token": "a" * 24,
+                               "hook": "h" * 16}) as agent,
         aiohttp.ClientSession() as session,
     ):
         screen, till = agent.platforms
         assert isinstance(screen, KioskApi)
         assert isinstance(till, KioskApi)
         [server] = [c for c in agent.components if isinstance(c, AdminServer)]
+        [hooks] = [c for c in agent.components if isinstance(c, WebhookReceiver)]
         assert agent.not_started == {}  # it runs: waiting is not "cannot start"
         listening = screen.status()["listening"]
         assert listening["state"] == "waiting"
         assert listening["waiting_for"] == "address"
         problems = agent.health.snapshot().problems
-        for part in ("kiosk_api:screen", "admin API"):
+        for part in ("kiosk_api:screen", "admin API", "webhook receiver"):
             assert any(p.startswith(f"{part} not listening on {address.host}:0: address "
                                     f"{address.host} is not on this machine (yet)")
                        for p in problems), problems
@@ -220,16 +225,20 @@ async def test_a_kiosk_api_and_an_admin_api_wait_for_their_address_while_the_age
         await _sells(App(till, session))  # the rest of the agent sells meanwhile
 
         await address.appear()
-        step = max(screen.status()["listening"]["next_try_in_s"],
-                   server._site.listening()["next_try_in_s"])
+        step = max(site.listening()["next_try_in_s"]
+                   for site in (screen._site, server._site, hooks._site))
         assert 0 < step <= PORT_WAIT_FIRST
         await clock.advance(step)  # one step of the backoff
         await until(lambda: screen.status()["listening"]["state"] == "listening")
         await until(lambda: server._site.listening()["state"] == "listening")
+        await until(lambda: hooks._site.listening()["state"] == "listening")
         app = App(screen, session)
         app.base = f"http://{address.host}:{screen.port}/api/v1"
         await _sells(app)
         async with session.get(f"http://{address.host}:{server.port}/metrics") as answer:
             assert answer.status == 200
             assert "kiosk_agent" in await answer.text()
+        async with session.post(f"http://{address.host}:{hooks.port}{hooks.path}",
+                                data=b"{}") as answer:
+            assert answer.status == 401  # heard: an unsigned delivery refused
         assert not any(address.host in p for p in agent.health.snapshot().problems)
