@@ -158,12 +158,13 @@ def listen_warnings(config: Config) -> list[str]:
     if not problems:
         return []
     raw, _errors = load_yaml(config.path)
-    warnings = []
+    placed = []
     for path, problem in problems:
         where = locate(raw, path, None)
-        place = f"{where.file}:{where.line}: " if where is not None and where.line else ""
-        warnings.append(f"{place}{format_path(path)}: {problem}")
-    return warnings
+        line = where.line if where is not None and where.line else 0
+        place = f"{where.file}:{line}: " if where is not None and line else ""
+        placed.append((line, f"{place}{format_path(path)}: {problem}"))
+    return [warning for _line, warning in sorted(placed, key=lambda item: item[0])]  # file order
 
 
 def _in_order(value: Any) -> Any:

@@ -79,26 +79,33 @@ def test_check_config_and_doctor_warn_of_an_address_not_on_this_machine_now(
     """Valid (DHCP may give it at boot: the agent waits for it), but said, with its line."""
     missing = Address().host
     path = _config(tmp_path, "triggers:\n" + _kiosk_api("screen", missing)
-                   + _kiosk_api("till", "127.0.0.1"))
+                   + _kiosk_api("till", "127.0.0.1") + textwrap.dedent(f"""\
+                   admin:
+                     host: {missing}
+                     tokens: [{{name: tech, token: !secret admin_token}}]
+                   """))
     assert main(["check-config", str(path)]) == 0
     out, err = capsys.readouterr()
     assert f"{path}: valid" in out
-    [warning] = err.splitlines()
-    assert warning.startswith(
+    first, second = err.splitlines()  # in the file's order
+    assert first.startswith(
         f"warning: config.yaml:8: triggers[0].host: {missing} is not on this machine now: the "
         "agent waits for it (a LAN address DHCP gives at boot) and serves once it appears; if "
-        "it never will, change the host"), warning
+        "it never will, change the host"), first
+    assert second.startswith(f"warning: config.yaml:14: admin.host: {missing} is not on this "
+                             "machine now: "), second
     assert main(["check-config", str(path), "--json"]) == 0
-    [warning] = json.loads(capsys.readouterr().out)["warnings"]
-    assert f"{missing} is not on this machine now" in warning
+    warnings = json.loads(capsys.readouterr().out)["warnings"]
+    assert [w.split(": ")[1] for w in warnings] == ["triggers[0].host", "admin.host"]
 
     report = Report()
     check_listen_addresses(report, load_config(path))
     [check] = report.checks
     assert (check.name, check.verdict) == ("listen addresses", Verdict.WARN)
-    assert check.detail == "1 of 2 not on this machine now: served once they are"
-    [note] = check.notes
-    assert note.startswith(f"triggers[0].host: {missing} is not on this machine now")
+    assert check.detail == "2 of 3 not on this machine now: served once they are"
+    assert sorted(note.split(":")[0] for note in check.notes) == ["admin.host",
+                                                                   "triggers[0].host"]
+    assert all(f": {missing} is not on this machine now" in note for note in check.notes)
 
 
 def test_doctor_passes_hosts_on_this_machine(tmp_path: Path) -> None:
