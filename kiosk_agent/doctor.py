@@ -83,7 +83,7 @@ async def check_this_unit(
     check_serial_ports(report, config)
     await check_port_urls(report, config, within, links)
     check_triggers(report, config)
-    check_listen_addresses(report, config)
+    await check_listen_addresses(report, config)
     check_bytecode(report)
     journal = config.resolve(config["journal"]["path"])
     if running:
@@ -92,16 +92,19 @@ async def check_this_unit(
         check_journal(report, journal)
 
 
-def check_listen_addresses(report: Report, config: Config) -> None:
+async def check_listen_addresses(report: Report, config: Config) -> None:
     """Each local server's host is one of this machine's addresses now: one that is not (a LAN
-    address before DHCP gives it) is a warning, the agent waits for it (web/hosts.py)."""
+    address before DHCP gives it) is a warning, the agent waits for it (web/hosts.py). Looked
+    up in a thread: a name's lookup may wait on DNS, and the running agent's status page runs
+    this on its event loop."""
     from kiosk_agent.web.hosts import address_problem, listen_hosts
 
     hosts = listen_hosts(config)
     if not hosts:
         return
-    problems = [f"{format_path(path)}: {problem}" for path, host in hosts
-                if (problem := address_problem(host)) is not None]
+    found = await asyncio.to_thread(lambda: [address_problem(host) for _path, host in hosts])
+    problems = [f"{format_path(path)}: {problem}" for (path, _host), problem in zip(
+        hosts, found, strict=True) if problem is not None]
     if problems:
         report.add(
             "listen addresses", Verdict.WARN,

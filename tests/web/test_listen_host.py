@@ -73,7 +73,7 @@ def test_check_config_refuses_a_host_no_machine_can_have_each_on_its_line(
     assert "8 mistakes in" in err
 
 
-def test_check_config_and_doctor_warn_of_an_address_not_on_this_machine_now(
+async def test_check_config_and_doctor_warn_of_an_address_not_on_this_machine_now(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Valid (DHCP may give it at boot: the agent waits for it), but said, with its line."""
@@ -99,7 +99,7 @@ def test_check_config_and_doctor_warn_of_an_address_not_on_this_machine_now(
     assert [w.split(": ")[1] for w in warnings] == ["triggers[0].host", "admin.host"]
 
     report = Report()
-    check_listen_addresses(report, load_config(path))
+    await check_listen_addresses(report, load_config(path))
     [check] = report.checks
     assert (check.name, check.verdict) == ("listen addresses", Verdict.WARN)
     assert check.detail == "2 of 3 not on this machine now: served once they are"
@@ -108,11 +108,11 @@ def test_check_config_and_doctor_warn_of_an_address_not_on_this_machine_now(
     assert all(f": {missing} is not on this machine now" in note for note in check.notes)
 
 
-def test_doctor_passes_hosts_on_this_machine(tmp_path: Path) -> None:
+async def test_doctor_passes_hosts_on_this_machine(tmp_path: Path) -> None:
     path = _config(tmp_path, "triggers:\n" + _kiosk_api("screen", "127.0.0.1")
                    + _kiosk_api("all", "0.0.0.0"))  # noqa: S104
     report = Report()
-    check_listen_addresses(report, load_config(path))
+    await check_listen_addresses(report, load_config(path))
     [check] = report.checks
     assert (check.name, check.verdict) == ("listen addresses", Verdict.PASS)
     assert check.detail == ("triggers[0].host 127.0.0.1, triggers[1].host 0.0.0.0: on this "
