@@ -21,7 +21,13 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from kiosk_agent.config.load import SECTION_OWNERS, Config, ConfigInvalid, load_config
+from kiosk_agent.config.load import (
+    SECTION_OWNERS,
+    Config,
+    ConfigInvalid,
+    format_path,
+    load_config,
+)
 from kiosk_agent.platforms.doctor import check_triggers
 from kiosk_agent.platforms.serial_doctor import check_port_urls, check_serial_ports
 from kiosk_agent.sales.journal_doctor import check_journal, check_journal_running
@@ -77,12 +83,40 @@ async def check_this_unit(
     check_serial_ports(report, config)
     await check_port_urls(report, config, within, links)
     check_triggers(report, config)
+    await check_listen_addresses(report, config)
     check_bytecode(report)
     journal = config.resolve(config["journal"]["path"])
     if running:
         await check_journal_running(report, journal)
     else:
         check_journal(report, journal)
+
+
+async def check_listen_addresses(report: Report, config: Config) -> None:
+    """Each local server's host is one of this machine's addresses now: one that is not (a LAN
+    address before DHCP gives it) is a warning, the agent waits for it (web/hosts.py). Looked
+    up in a thread: a name's lookup may wait on DNS, and the running agent's status page runs
+    this on its event loop."""
+    from kiosk_agent.web.hosts import address_problem, listen_hosts
+
+    hosts = listen_hosts(config)
+    if not hosts:
+        return
+    found = await asyncio.to_thread(lambda: [address_problem(host) for _path, host in hosts])
+    problems = [f"{format_path(path)}: {problem}" for (path, _host), problem in zip(
+        hosts, found, strict=True) if problem is not None]
+    if problems:
+        report.add(
+            "listen addresses", Verdict.WARN,
+            f"{len(problems)} of {len(hosts)} not on this machine now: served once they are",
+            "wait for the network (DHCP), or change each host named below to one of this "
+            "machine's addresses (`ip -brief address`)",
+            problems,
+        )
+    else:
+        report.add("listen addresses", Verdict.PASS,
+                   ", ".join(f"{format_path(path)} {host or '(every address)'}"
+                             for path, host in hosts) + ": on this machine")
 
 
 def check_bytecode(report: Report) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import voluptuous as vol
 
 from kiosk_agent.config.load import register_section
+from kiosk_agent.web.hosts import listen_host
 
 READ = "read"
 ADMIN = "admin"
@@ -25,7 +26,7 @@ TOKEN_SCHEMA = vol.Schema(
 ADMIN_SCHEMA = vol.Schema(
     {
         # Loopback by default: reach it over SSH or a VPN, or bind another address on purpose.
-        vol.Optional("host", default="127.0.0.1"): str,
+        vol.Optional("host", default="127.0.0.1"): listen_host,
         vol.Optional("port", default=ADMIN_PORT): vol.All(int, vol.Range(min=0, max=65535)),
         vol.Required("tokens"): vol.All([TOKEN_SCHEMA], vol.Length(min=1)),
         # Let Prometheus scrape /metrics without a token (it still sees no secrets).
@@ -40,7 +41,7 @@ WEBHOOKS_SCHEMA = vol.Schema(
         # The shared secret that signs deliveries; use !secret.
         vol.Required("secret"): vol.All(str, vol.Length(min=8)),
         # Loopback by default: put a TLS reverse proxy or tunnel in front to expose it.
-        vol.Optional("host", default="127.0.0.1"): str,
+        vol.Optional("host", default="127.0.0.1"): listen_host,
         vol.Optional("port", default=8126): vol.All(int, vol.Range(min=0, max=65535)),
         vol.Optional("path", default="/webhooks/boarding"): vol.All(str, vol.Match(r"^/")),
         # SQLite file of received events (relative paths: next to the configuration).

@@ -67,7 +67,7 @@ async def check_config_command(args: argparse.Namespace) -> int:
             print(error, file=sys.stderr)
         print(f"{plural(len(err.errors), 'mistake')} in {path}", file=sys.stderr)
         return EXIT_USAGE  # a broken config file: the same code from every command
-    warnings = port_warnings(config) + trigger_warnings(config)
+    warnings = port_warnings(config) + trigger_warnings(config) + listen_warnings(config)
     if wants_json(args):
         shown = {"config": _in_order(config.masked())} if args.show else {}
         print(
@@ -142,6 +142,29 @@ def trigger_warnings(config: Config) -> list[str]:
         place = f"{where.file}:{where.line}: " if where is not None and where.line else ""
         warnings.append(f"{place}triggers[{index}]: cannot start here: {problem}")
     return warnings
+
+
+def listen_warnings(config: Config) -> list[str]:
+    """A server's host that is not one of this machine's addresses now (a LAN address before
+    DHCP gives it, a name that does not resolve): valid, the agent waits for it, but said here
+    with its file and line. A host that can never be one (a multicast address, a URL) is the
+    schema's mistake (web/hosts.py's listen_host), not a warning."""
+    from kiosk_agent.config.load import format_path, locate
+    from kiosk_agent.config.yaml_loader import load_yaml
+    from kiosk_agent.web.hosts import address_problem, listen_hosts
+
+    problems = [(path, problem) for path, host in listen_hosts(config)
+                if (problem := address_problem(host)) is not None]
+    if not problems:
+        return []
+    raw, _errors = load_yaml(config.path)
+    placed = []
+    for path, problem in problems:
+        where = locate(raw, path, None)
+        line = where.line if where is not None and where.line else 0
+        place = f"{where.file}:{line}: " if where is not None and line else ""
+        placed.append((line, f"{place}{format_path(path)}: {problem}"))
+    return [warning for _line, warning in sorted(placed, key=lambda item: item[0])]  # file order
 
 
 def _in_order(value: Any) -> Any:

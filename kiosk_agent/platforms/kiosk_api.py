@@ -77,6 +77,7 @@ from kiosk_agent.sales.model import (
     UnknownTerminal,
 )
 from kiosk_agent.tasks import cancel_and_wait
+from kiosk_agent.web.hosts import listen_host
 from kiosk_agent.web.server import (
     MAX_STREAM_FRAME,
     UNEXPECTED_RETRY_AFTER_S,
@@ -118,7 +119,7 @@ def _platform_schema() -> vol.All:
     return vol.All(BASE_PLATFORM_SCHEMA.extend(
         {
             vol.Required("token"): _token,
-            vol.Optional("host", default="127.0.0.1"): str,
+            vol.Optional("host", default="127.0.0.1"): listen_host,
             vol.Optional("port", default=8765): vol.All(int, vol.Range(min=0, max=65535)),
             vol.Optional("products", default={}): price_map,  # each bad price at its product
             # only configured products may be sold (no free amounts from the app)
@@ -417,7 +418,7 @@ class KioskApi:
         return {
             "host": self.config["host"],
             "port": self.port,
-            "listening": self._site.listening(),  # or waiting for its port, held by whom
+            "listening": self._site.listening(),  # or waiting: its port held, its address missing
             "requests": self.requests,
             "rejected": self.rejected,
             "unexpected": self._site.unexpected,  # requests a handler failed (a bug)

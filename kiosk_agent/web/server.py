@@ -43,7 +43,9 @@ A port another program holds (``EADDRINUSE``) is waited for where the server's o
 the server is tried again on the monotonic clock it is given, :data:`PORT_WAIT_FIRST` seconds
 first and doubling to :data:`PORT_WAIT_MAX`, the holder named in the log, its status and
 health's problems meanwhile (:meth:`LocalSite.waiting_problem`), and serves within one step
-of the port being let go; the rest of the agent runs and sells meanwhile.
+of the port being let go; the rest of the agent runs and sells meanwhile. An address not on the
+machine yet (``EADDRNOTAVAIL``: a LAN address before DHCP has given it, at boot) is waited for
+the same way, by the same code, and said so: served within one step of it appearing.
 
 Bodies from outside are read by :func:`read_json` (or :func:`loads_bounded` for raw bytes
 already read): bounded size, time, nesting and number length, so no body can make a handler
@@ -177,15 +179,21 @@ PORT_WAIT_FIRST = 0.5
 PORT_WAIT_MAX = 5.0
 
 
+# What a site waits for (PortWait.waiting_for, its status's ``waiting_for``), by the bind's error
+_WAITED_FOR = {errno.EADDRINUSE: "port", errno.EADDRNOTAVAIL: "address"}
+
+
 @data_class(slots=True)
 class PortWait:
-    """A site waiting for its port: who holds it, since when, how often tried (monotonic)."""
+    """A site waiting for its port (another program holds it: ``held_by``) or its address (not
+    on this machine yet): since when, how often tried (monotonic)."""
 
     held_by: str
     since: float
     tries: int = 1
     next_try_at: float = 0.0
-    error: str = ""  # the last try's failure, where it was not the port in use
+    error: str = ""  # the last try's failure, where it was neither the port nor the address
+    waiting_for: str = "port"  # or "address": the host is not one of this machine's addresses
 
 
 def unexpected_refusal(detail: str) -> web.Response:
@@ -376,9 +384,16 @@ class ListenError(OSError):
     """A local server could not listen: says which one, where, and what to change."""
 
     def __init__(self, name: str, host: str, port: int, err: OSError) -> None:
-        # os.strerror: asyncio's own text repeats the address ("error while attempting ...")
-        why = os.strerror(err.errno) if err.errno else str(err)
-        if err.errno == errno.EADDRINUSE:
+        # os.strerror: asyncio's own text repeats the address ("error while attempting ...");
+        # a name that does not resolve (getaddrinfo's error) has its own words, not errno's
+        # ("unknown error -2")
+        if isinstance(err, socket.gaierror):
+            why = err.strerror or str(err)
+        else:
+            why = os.strerror(err.errno) if err.errno else str(err)
+        if isinstance(err, socket.gaierror):
+            fix = "the name does not resolve here: correct the host, or write its address"
+        elif err.errno == errno.EADDRINUSE:
             fix = "another program (or another agent) holds it: stop that one or change the port"
         elif err.errno == errno.EADDRNOTAVAIL:
             fix = "this machine has no such address: change the host"
@@ -408,10 +423,11 @@ class LocalSite:
     ) -> None:
         self.host = host
         self.name = name
-        # a port in use: tried again on ``waits`` until it is free, not refused (ListenError)
+        # a port in use, or an address not on the machine yet: tried again on ``waits`` until
+        # it binds, not refused (ListenError)
         self._wait_for_port = wait_for_port
         self._waits: Waits = waits or _MonotonicWaits()
-        self.waiting: PortWait | None = None  # set while the port is held by another program
+        self.waiting: PortWait | None = None  # set while the port or the address is waited for
         self._waiter: asyncio.Task[None] | None = None
         self._told_health = False
         # a handler's unexpected error (a bug): answered refuse_unexpected(detail) (a 503 in the
@@ -512,8 +528,8 @@ class LocalSite:
         try:
             self._listeners = await _listen(self.host, self._wanted_port)
         except OSError as err:
-            if err.errno == errno.EADDRINUSE and self._wait_for_port:
-                self._wait()
+            if err.errno in _WAITED_FOR and self._wait_for_port:
+                self._wait(_WAITED_FOR[err.errno])
                 return
             await runner.cleanup()
             self._runner = None
@@ -527,15 +543,18 @@ class LocalSite:
         _LIVE.add(self)
         _check_descriptors()
 
-    def _wait(self) -> None:
-        """The port is in use: name who holds it, and try again in a task of its own."""
+    def _wait(self, waiting_for: str) -> None:
+        """The port is in use (name who holds it), or the address is not on this machine yet:
+        try again in a task of its own."""
         now = self._waits.monotonic()
-        self.waiting = PortWait(held_by=_holder(self._wanted_port), since=now,
-                                next_try_at=now + PORT_WAIT_FIRST)
+        held_by = _holder(self._wanted_port) if waiting_for == "port" else ""
+        self.waiting = PortWait(held_by=held_by, since=now, next_try_at=now + PORT_WAIT_FIRST,
+                                waiting_for=waiting_for)
         _LOGGER.warning(
-            "%s: cannot listen on %s:%d: the port is in use by %s; tried again in %g s, then "
-            "every %g s at most: served as soon as it is free", self.name, self.host,
-            self._wanted_port, self.waiting.held_by, PORT_WAIT_FIRST, PORT_WAIT_MAX,
+            "%s: cannot listen on %s:%d: %s; tried again in %g s, then every %g s at most: "
+            "served as soon as it %s", self.name, self.host, self._wanted_port,
+            self._waited_for(self.waiting), PORT_WAIT_FIRST, PORT_WAIT_MAX,
+            "is free" if waiting_for == "port" else "appears",
         )
         if self._health is not None:
             if not self._told_health:
@@ -555,14 +574,17 @@ class LocalSite:
                 delay = min(PORT_WAIT_MAX, delay * 2)
                 waiting.tries += 1
                 waiting.next_try_at = self._waits.monotonic() + delay
-                in_use = isinstance(err, OSError) and err.errno == errno.EADDRINUSE
-                why = "" if in_use else f"{type(err).__name__}: {err}"
-                holder = _holder(self._wanted_port) if in_use else waiting.held_by
-                if why != waiting.error or holder != waiting.held_by:
-                    waiting.error, waiting.held_by = why, holder
+                waiting_for = _WAITED_FOR.get(err.errno or 0) if isinstance(err, OSError) else None
+                why = "" if waiting_for else f"{type(err).__name__}: {err}"
+                holder = (_holder(self._wanted_port) if waiting_for == "port"
+                          else "" if waiting_for else waiting.held_by)
+                waiting_for = waiting_for or waiting.waiting_for
+                if (why, holder, waiting_for) != (waiting.error, waiting.held_by,
+                                                  waiting.waiting_for):
+                    waiting.error, waiting.held_by, waiting.waiting_for = why, holder, waiting_for
                     _LOGGER.warning("%s: %s:%d still not served: %s", self.name, self.host,
-                                    self._wanted_port, why or f"in use by {holder}",
-                                    exc_info=not in_use and not isinstance(err, OSError))
+                                    self._wanted_port, self._waited_for(waiting),
+                                    exc_info=not isinstance(err, OSError))
                 continue
             waited = self._waits.monotonic() - waiting.since
             self.waiting = None
@@ -572,11 +594,27 @@ class LocalSite:
             if self._health is not None:
                 self._health.problem_changed()
 
+    def _waited_for(self, waiting: PortWait) -> str:
+        """Why the last try failed, in words: the port's holder, the address missing, or the
+        error."""
+        if waiting.error:
+            return waiting.error
+        if waiting.waiting_for == "address":
+            return (f"address {self.host} is not on this machine (yet): a LAN address DHCP has "
+                    "not given yet, or an interface not up; if it never comes, change the host "
+                    "to one of this machine's addresses (`ip -brief address` lists them)")
+        return f"the port is in use by {waiting.held_by}"
+
     def waiting_problem(self) -> str | None:
-        """Health's line while the port is held by another program; None once served."""
+        """Health's line while the port is held by another program, or the address is not on
+        this machine yet; None once served."""
         waiting = self.waiting
         if waiting is None:
             return None
+        if waiting.waiting_for == "address" and not waiting.error:
+            return (f"{self._counted_as} not listening on {self.host}:{self._wanted_port}: "
+                    f"{self._waited_for(waiting)} (tried {waiting.tries} time(s), again every "
+                    f"{PORT_WAIT_MAX:g} s at most; served as soon as it appears)")
         return (f"{self._counted_as} not listening: waiting for port {self._wanted_port} on "
                 f"{self.host}, " + (waiting.error if waiting.error else
                                    f"in use by {waiting.held_by}")
@@ -589,8 +627,9 @@ class LocalSite:
         if waiting is None:
             return {"state": "listening" if self.port else "stopped", "port": self.port}
         left = max(0.0, waiting.next_try_at - self._waits.monotonic())
-        return {"state": "waiting", "port": self._wanted_port, "held_by": waiting.held_by,
-                "error": waiting.error, "tries": waiting.tries,
+        return {"state": "waiting", "waiting_for": waiting.waiting_for, "host": self.host,
+                "port": self._wanted_port, "held_by": waiting.held_by,
+                "error": waiting.error, "detail": self._waited_for(waiting), "tries": waiting.tries,
                 "waiting_s": round(self._waits.monotonic() - waiting.since, 3),
                 "next_try_in_s": round(left, 3)}
 
