@@ -221,6 +221,9 @@ class ChargeAudit:
         # under another trans id (trans id -> that sale): given back only once reporting shows
         # the sale's own charge under that order id too (_own_charge_shown)
         self._unproven: dict[str, SaleRecord] = {}
+        # a check's charges of no sale the journal holds (trans ids): on a unit whose machine
+        # has no hardware id (``OwnUnit.copyable``) put to a person, not given back
+        self._unheld: set[str] = set()
 
     async def check(
         self, running: Collection[str] = (), settled: bool = True, *,
@@ -250,7 +253,7 @@ class ChargeAudit:
             return result
         result.seen = seen
         result.foreign = [row.trans_id for row in foreign]
-        self._unproven = {}
+        self._unproven, self._unheld = {}, set()
         found = [(row, record) for row in held if (record := self._unaccounted(row, running))]
         if found and self.before_money is not None and not await self.before_money():
             result.error = "the journal's file is damaged: nothing is given back on it"
@@ -270,6 +273,8 @@ class ChargeAudit:
                     continue
                 if not shown:
                     undecided = _unproven_words(sale)
+            elif row.trans_id in self._unheld and self.unit.copyable:
+                undecided = _copyable_words(self.unit.id)
             result.unaccounted.append(row.trans_id)
             record = self._order_id_of_its_own(row, record, taken)
             event = await self._settle(row, record, give_back, len(found), undecided)
@@ -427,6 +432,7 @@ class ChargeAudit:
         if self._given_back(base, row.trans_id):
             return None
         if record is None:
+            self._unheld.add(row.trans_id)
             return self._new_record(row, base, _attempt_of(suffix))
         return self._new_record(row, f"{base}{HELD_SUFFIX}", 1)
 
@@ -565,6 +571,15 @@ def _unproven_words(sale: SaleRecord) -> str:
             f"{sale.state.value} with its charge {sale.trans_id}): reporting does not show "
             "that charge under the order id, so the agent cannot tell which of them is the "
             "customer's payment and gives none back; a person decides now "
+            "(`kiosk-agent sales resolve`)")
+
+
+def _copyable_words(unit_id: str) -> str:
+    return (f"a charge under this unit's id ({unit_id}) of a sale the journal does not hold: the "
+            "journal was made on a machine with no hardware id (no serial number, no physical "
+            "network interface), where a copy of its card on another such machine would charge "
+            "under the same id, so the agent cannot prove it its own (its journal lost, or a "
+            "cloned card's twin) and gives none back; a person decides now "
             "(`kiosk-agent sales resolve`)")
 
 
