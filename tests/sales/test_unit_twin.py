@@ -16,8 +16,10 @@ from typing import Any
 
 import pytest
 
+from kiosk_agent.sales.journal_doctor import check_unit
 from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.service.models import TransStatus
+from kiosk_agent.verdicts import Report, Verdict
 from tests.assembly.agent_helpers import TIME_SCALE
 from tests.sales.test_unit import _copy_journal_dir, _sell, _terminal_rows, a_machine
 
@@ -75,6 +77,11 @@ async def test_a_twin_on_a_machine_with_no_hardware_id_gives_back_none_of_the_or
     assert "a cloned card's twin" in held.message
     names = [s.step for s in twin.journal.steps(held.sale_id)]
     assert Step.REVERSE_REQUEST not in names, names
+    report = Report()
+    check_unit(report, tmp_path / "kiosk" / "journal.db")  # `kiosk-agent doctor` says why
+    [check] = report.checks
+    assert check.verdict is Verdict.PASS
+    assert "no hardware id" in check.detail, check
 
 
 async def test_a_twin_on_a_machine_with_a_serial_is_told_apart_and_moves_no_money(
