@@ -302,6 +302,7 @@ class ChargeAudit:
         accounted = _Accounted(self._now() - self.lookback)
         asked: dict[str, str] = {}  # trans id -> the terminal it was asked under
         newest = 0.0  # the service's latest charge on these terminals: real time, at most now
+        newest_own = 0.0  # ... of this unit's own (its id and tag, or its journal's sales)
         rows_read = 0  # reporting's rows this check has read (``long`` past START_WAIT_ROWS)
         async for device, chunk in self._chunks(settled, page_size):
             rows_read += len(chunk)
@@ -320,6 +321,8 @@ class ChargeAudit:
                     continue
                 sale = None if base is None else sales.get(base)
                 mine = self._held_by_journal(base, sale) or self._provably_ours(row.order_id)
+                if mine and at is not None:
+                    newest_own = max(newest_own, at)
                 if mine and status not in _HOLDING:
                     continue  # this unit's, holding nothing: never looked at again
                 if mine and parts is not None and _plainly_accounted(sale, running, row):
@@ -334,7 +337,10 @@ class ChargeAudit:
         # is later: a clock not yet set by NTP (a Pi booted from a new card: its image's date,
         # or 1970) would stretch it over the terminals' whole history, and every charge of a
         # sale made before this journal (pruned, or on the card replaced) would look lost.
-        start = max(self._now(), newest) - self.lookback
+        # The latest of the unit's own charges, where it has any: one charge of another's that
+        # the service dated ahead (its clock off) moved the window past the unit's own lost
+        # charge, never given back nor told (2026-11-30, i42-money-attack)
+        start = max(self._now(), newest_own or newest) - self.lookback
         recent = [row for row in rows.values() if _in_window(_date_of(row), start)]
         ours = [row for row in recent if self._provably_ours(row.order_id)]
         foreign = [row for row in recent if not self._provably_ours(row.order_id)]
