@@ -224,6 +224,9 @@ class ChargeAudit:
         # a check's charges of no sale the journal holds (trans ids): on a unit whose machine
         # has no hardware id (``OwnUnit.copyable``) put to a person, not given back
         self._unheld: set[str] = set()
+        # a check's charges under an order id of a sale the journal holds with a suffix that
+        # sale never sent (an attempt past its last, or ``-held``): trans id -> that sale
+        self._unmade: dict[str, SaleRecord] = {}
 
     async def check(
         self, running: Collection[str] = (), settled: bool = True, *,
@@ -253,7 +256,7 @@ class ChargeAudit:
             return result
         result.seen = seen
         result.foreign = [row.trans_id for row in foreign]
-        self._unproven, self._unheld = {}, set()
+        self._unproven, self._unheld, self._unmade = {}, set(), {}
         found = [(row, record) for row in held if (record := self._unaccounted(row, running))]
         if found and self.before_money is not None and not await self.before_money():
             result.error = "the journal's file is damaged: nothing is given back on it"
@@ -264,7 +267,10 @@ class ChargeAudit:
         for row, record in found:
             undecided = ""
             sale = self._unproven.get(row.trans_id)
-            if sale is not None:
+            unmade = self._unmade.get(row.trans_id)
+            if unmade is not None:
+                undecided = _unmade_words(row, unmade)
+            elif sale is not None:
                 try:
                     shown = await self._own_charge_shown(row, sale)
                 except ServiceError as err:  # neither given back nor told: the next check asks
@@ -425,6 +431,15 @@ class ChargeAudit:
                 record.state, record.trans_id, row
             ):
                 return None
+            if suffix == HELD_SUFFIX[1:] or (_accounts_for(record, running)
+                                             and _attempt_of(suffix) > record.attempt):
+                # an order id the sale never sent: the unit never charges under -held, and each
+                # attempt is journaled before it goes, so a sale that ended with money moved
+                # (on disk after its every attempt: a journal that lost writes lost its latest)
+                # sent none past its last. The tag is the sale's, the suffix anyone's
+                # (2026-11-30, i42-money-attack: voided as the sale's double charge). A sale
+                # that ended with none moved may have lost what moved it: given back below
+                self._unmade[row.trans_id] = record
             if (_accounts_for(record, running) and record.state.final
                     and _attempt_of(suffix) == record.attempt):
                 # the sale's own attempt charged again, or its own charge written otherwise
@@ -577,6 +592,14 @@ def _unproven_words(sale: SaleRecord) -> str:
             f"{sale.state.value} with its charge {sale.trans_id}): reporting does not show "
             "that charge under the order id, so the agent cannot tell which of them is the "
             "customer's payment and gives none back; a person decides now "
+            "(`kiosk-agent sales resolve`)")
+
+
+def _unmade_words(row: Transaction, sale: SaleRecord) -> str:
+    return (f"a charge under order id {row.order_id}, which this unit never sent: its sale "
+            f"{sale.sale_id} made {sale.attempt} attempt(s) under {sale.order_id}, each "
+            "journaled before it went (another program copying the unit's order ids, or a "
+            "journal that lost an attempt); the agent gives none back; a person decides now "
             "(`kiosk-agent sales resolve`)")
 
 
