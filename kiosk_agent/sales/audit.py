@@ -224,9 +224,9 @@ class ChargeAudit:
         # a check's charges of no sale the journal holds (trans ids): on a unit whose machine
         # has no hardware id (``OwnUnit.copyable``) put to a person, not given back
         self._unheld: set[str] = set()
-        # a check's charges under an order id of a sale the journal holds with a suffix that
-        # sale never sent (an attempt past its last, or ``-held``): trans id -> that sale
-        self._unmade: dict[str, SaleRecord] = {}
+        # a check's charges under an order id of the unit's that it never sent (``-held``, a
+        # suffix of a form it never writes, an attempt past a sale's last): trans id -> why
+        self._unmade: dict[str, str] = {}
 
     async def check(
         self, running: Collection[str] = (), settled: bool = True, *,
@@ -269,7 +269,7 @@ class ChargeAudit:
             sale = self._unproven.get(row.trans_id)
             unmade = self._unmade.get(row.trans_id)
             if unmade is not None:
-                undecided = _unmade_words(row, unmade)
+                undecided = unmade
             elif sale is not None:
                 try:
                     shown = await self._own_charge_shown(row, sale)
@@ -426,20 +426,25 @@ class ChargeAudit:
         record = self.journal.by_order_id(base)
         if record is not None and record.source == AUDIT_SOURCE:
             record = None  # a give-back took the order id of a sale the journal lost
+        # An order id the unit never sent is put to a person: the tag is the sale's, the
+        # suffix anyone's (2026-11-30, i42-money-attack: a charge under a paid sale's order id
+        # with -5 was voided as its double charge). It never charges under -held nor writes an
+        # attempt as -1, -0 or -02; and each attempt is journaled before it goes, so a sale
+        # that ended with money moved (on disk after its every attempt: a journal that lost
+        # writes lost its latest) sent none past its last. One that ended with none moved may
+        # have lost what moved it, its attempts too: given back below.
+        if not _sent_form(suffix):
+            self._unmade[row.trans_id] = _unmade_words(row, "a suffix it never writes")
+        elif (record is not None and _accounts_for(record, running)
+              and row.order_id not in record.all_order_ids()):
+            self._unmade[row.trans_id] = _unmade_words(
+                row, f"its sale {record.sale_id} made {record.attempt} attempt(s) under "
+                f"{record.order_id}, each journaled before it went")
         if record is not None:
             if _accounts_for(record, running) and not _not_its_charge(
                 record.state, record.trans_id, row
             ):
                 return None
-            if suffix == HELD_SUFFIX[1:] or (_accounts_for(record, running)
-                                             and _attempt_of(suffix) > record.attempt):
-                # an order id the sale never sent: the unit never charges under -held, and each
-                # attempt is journaled before it goes, so a sale that ended with money moved
-                # (on disk after its every attempt: a journal that lost writes lost its latest)
-                # sent none past its last. The tag is the sale's, the suffix anyone's
-                # (2026-11-30, i42-money-attack: voided as the sale's double charge). A sale
-                # that ended with none moved may have lost what moved it: given back below
-                self._unmade[row.trans_id] = record
             if (_accounts_for(record, running) and record.state.final
                     and _attempt_of(suffix) == record.attempt):
                 # the sale's own attempt charged again, or its own charge written otherwise
@@ -595,12 +600,17 @@ def _unproven_words(sale: SaleRecord) -> str:
             "(`kiosk-agent sales resolve`)")
 
 
-def _unmade_words(row: Transaction, sale: SaleRecord) -> str:
-    return (f"a charge under order id {row.order_id}, which this unit never sent: its sale "
-            f"{sale.sale_id} made {sale.attempt} attempt(s) under {sale.order_id}, each "
-            "journaled before it went (another program copying the unit's order ids, or a "
-            "journal that lost an attempt); the agent gives none back; a person decides now "
-            "(`kiosk-agent sales resolve`)")
+def _sent_form(suffix: str) -> bool:
+    """Whether an order id's suffix is one the unit sends: none (the first attempt), or a
+    retried attempt's ``-N``, N from 2, written plainly (``-held`` names a give-back sale,
+    never a charge)."""
+    return not suffix or (suffix.isdigit() and suffix == str(int(suffix)) and int(suffix) >= 2)
+
+
+def _unmade_words(row: Transaction, why: str) -> str:
+    return (f"a charge under order id {row.order_id}, which this unit never sent ({why}): "
+            "another program that copied the unit's order ids, the agent cannot prove it its "
+            "own and gives none back; a person decides now (`kiosk-agent sales resolve`)")
 
 
 def _copyable_words(unit_id: str) -> str:
