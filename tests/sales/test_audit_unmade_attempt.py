@@ -53,6 +53,7 @@ async def test_a_charge_under_an_attempt_the_sale_never_made_is_not_given_back(
     assert record is not None
     assert record.state is SaleState.ATTENTION
     assert "never sent" in record.message, record.message
+    assert (await agent.journal_guard.audit.check(settled=False)).unaccounted == []  # once
 
 
 async def test_a_charge_under_a_suffix_the_unit_never_writes_is_not_given_back_without_a_sale(

@@ -77,6 +77,7 @@ async def test_a_twin_on_a_machine_with_no_hardware_id_gives_back_none_of_the_or
     assert "a cloned card's twin" in held.message
     names = [s.step for s in twin.journal.steps(held.sale_id)]
     assert Step.REVERSE_REQUEST not in names, names
+    assert (await twin.journal_guard.audit.check()).unaccounted == []  # told once
     report = Report()
     check_unit(report, tmp_path / "kiosk" / "journal.db")  # `kiosk-agent doctor` says why
     [check] = report.checks
