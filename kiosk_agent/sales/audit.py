@@ -609,8 +609,8 @@ def _sent_form(suffix: str) -> bool:
 
 def _unmade_words(row: Transaction, why: str) -> str:
     return (f"a charge under order id {row.order_id}, which this unit never sent ({why}): "
-            "another program that copied the unit's order ids, the agent cannot prove it its "
-            "own and gives none back; a person decides now (`kiosk-agent sales resolve`)")
+            "maybe another program's that copied the unit's order ids; the agent cannot prove "
+            "it its own and gives none back; a person decides now (`kiosk-agent sales resolve`)")
 
 
 def _copyable_words(unit_id: str) -> str:
