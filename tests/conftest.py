@@ -188,3 +188,12 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         return  # the controller does it once, before its workers start
     for mount_point in release_leaked_mounts(Path(tempfile.gettempdir())):
         print(f"unmounted {mount_point}: left mounted by a test run that was killed")
+
+
+# Every test's agents run on one made-up machine with a hardware serial (tests/machine, read
+# as sales/machine.py reads a machine under KIOSK_MACHINE_ROOT), whatever the host: on a host
+# with no hardware id (a container) the charge check puts a charge it cannot place to a person
+# instead of giving it back (sales/unit.py ``OwnUnit.copyable``), and the tests of its
+# give-backs would have read the host. A test of another machine sets its own; a run given
+# one from outside keeps it.
+os.environ.setdefault("KIOSK_MACHINE_ROOT", str(Path(__file__).resolve().parent / "machine"))

@@ -104,12 +104,16 @@ class LateVends:
         # (until its next dispense is approved: the platform clears it)
         self.restart_sale: str | None = None
         self.restart_product: str | None = None  # its product (gpio: the buttons that sell it)
+        # every sale of this trigger the last stop or crash left dispensing: the only ones a
+        # result naming its sale (a kiosk app's) may settle after a restart
+        self._left: frozenset[str] = frozenset()
         # the agent's SaleRunner: recovery listens for how a vend left dispensing ended
         self._sales = sales
         left = getattr(sales, "left_dispensing", None)
         for sale_id, product in left(source) if callable(left) else ():
             self.keep(sale_id, product)
             self.restart_sale, self.restart_product = sale_id, product
+            self._left |= {sale_id}
 
     def hold_until_restart_heard(self, then: Callable[[], None]) -> bool:
         """Whether recovery listens for how the vend the last stop or crash left ended (this
@@ -132,10 +136,13 @@ class LateVends:
         the one recovery listens for (then recovery settles that sale on it: a success is
         captured, a failure given back). ``sale_id``: the sale the result names (a kiosk app's);
         else the last one the last stop or crash left (a machine whose results name none).
-        False: nobody listens (a success is then a late vend, :meth:`heard`)."""
+        False: nobody listens (a success is then a late vend, :meth:`heard`), or the sale named
+        is not one this trigger left dispensing: another trigger's, whose own machine's word
+        alone settles it (2026-11-30, i42-money-attack: a second kiosk app's "vended" for the
+        first's sale id was taken as the first machine's, and recovery captured the money)."""
         heard = getattr(self._sales, "restart_vend_heard", None)
         named = sale_id if sale_id is not None else self.restart_sale
-        if heard is None or named is None:
+        if heard is None or named is None or named not in self._left:
             return False
         product = self._gave_up.get(named)
         outcome = DispenseOutcome(status, 0, product if isinstance(product, str) else None,
@@ -165,6 +172,11 @@ class LateVends:
         self._gave_up.setdefault(sale_id, product)
         while len(self._gave_up) > self.KEPT:
             self._gave_up.popitem(last=False)
+
+    def keeps(self, sale_id: str) -> bool:
+        """Whether ``sale_id`` is a sale of this trigger's that gave up on its vend, or that the
+        last stop or crash left dispensing: one whose result it may still hear."""
+        return sale_id in self._gave_up or sale_id in self._left
 
     def heard(self, sale_id: str | None) -> bool:
         """A vend success for ``sale_id``: whether it came after its sale gave up (then said

@@ -719,6 +719,9 @@ class KioskApi:
             raise BadRequest("detail", "expected a string")
         _plain("detail", detail, MAX_DETAIL_CHARS)
         dispenser = self._dispensers.get(sale_id)
+        if dispenser is None and sale_id not in self._latest and not self.late.keeps(sale_id):
+            # another trigger's sale (a second app's, a machine's): never this app's word
+            return _error(404, "not_found", "sale_id", "no such sale from this kiosk")
         if dispenser is None and self.late.restart_result(
                 DispenseStatus(status_text), detail, sale_id):
             # left dispensing by the last stop or crash; recovery listened until its vend timeout

@@ -202,10 +202,15 @@ class AttentionSweeper:
         record = steps.record
         if record.flow == Flow.ENROLL:
             return None  # reporting knows charges, not vaults or plans: a person decides
-        retries_left = MAX_RETRIES - _money_retries(self.journal, record.sale_id)
+        retries, to_a_person = _money_retries(self.journal, record.sale_id)
+        # a charge the check put to a person (it could not place it, or found too many to give
+        # back unasked) is theirs: only what reporting shows is written, no money moved
+        # (2026-11-30, i42-money-attack: the next sweep voided it, "money held without a
+        # confirmed vend", under words saying the agent gives none back)
+        may_move_money = retries < MAX_RETRIES and not to_a_person
         if record.trans_id is None:
-            return await self._no_trans_id(steps, retries_left > 0)
-        return await self._with_trans_id(steps, record.trans_id, retries_left > 0)
+            return await self._no_trans_id(steps, may_move_money)
+        return await self._with_trans_id(steps, record.trans_id, may_move_money)
 
     async def _no_trans_id(self, steps: SaleSteps, may_move_money: bool) -> SaleEvent | None:
         # "no charge" counts only from a lookup sent after the deadline
@@ -419,5 +424,8 @@ class OutsideResolutions:
         return published
 
 
-def _money_retries(journal: Journal, sale_id: str) -> int:
-    return sum(1 for step in journal.steps(sale_id) if step.step == Step.ATTENTION_RECHECK)
+def _money_retries(journal: Journal, sale_id: str) -> tuple[int, bool]:
+    """The money calls sweeps made for the sale, and whether the charge check put it to a
+    person (``audit.undecided``): then no sweep moves its money."""
+    steps = [step.step for step in journal.steps(sale_id)]
+    return steps.count(Step.ATTENTION_RECHECK), Step.AUDIT_UNDECIDED in steps

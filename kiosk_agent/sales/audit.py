@@ -221,6 +221,12 @@ class ChargeAudit:
         # under another trans id (trans id -> that sale): given back only once reporting shows
         # the sale's own charge under that order id too (_own_charge_shown)
         self._unproven: dict[str, SaleRecord] = {}
+        # a check's charges of no sale the journal holds (trans ids): on a unit whose machine
+        # has no hardware id (``OwnUnit.copyable``) put to a person, not given back
+        self._unheld: set[str] = set()
+        # a check's charges under an order id of the unit's that it never sent (``-held``, a
+        # suffix of a form it never writes, an attempt past a sale's last): trans id -> why
+        self._unmade: dict[str, str] = {}
 
     async def check(
         self, running: Collection[str] = (), settled: bool = True, *,
@@ -250,7 +256,7 @@ class ChargeAudit:
             return result
         result.seen = seen
         result.foreign = [row.trans_id for row in foreign]
-        self._unproven = {}
+        self._unproven, self._unheld, self._unmade = {}, set(), {}
         found = [(row, record) for row in held if (record := self._unaccounted(row, running))]
         if found and self.before_money is not None and not await self.before_money():
             result.error = "the journal's file is damaged: nothing is given back on it"
@@ -261,7 +267,10 @@ class ChargeAudit:
         for row, record in found:
             undecided = ""
             sale = self._unproven.get(row.trans_id)
-            if sale is not None:
+            unmade = self._unmade.get(row.trans_id)
+            if unmade is not None:
+                undecided = unmade
+            elif sale is not None:
                 try:
                     shown = await self._own_charge_shown(row, sale)
                 except ServiceError as err:  # neither given back nor told: the next check asks
@@ -270,6 +279,8 @@ class ChargeAudit:
                     continue
                 if not shown:
                     undecided = _unproven_words(sale)
+            elif row.trans_id in self._unheld and self.unit.copyable:
+                undecided = _copyable_words(self.unit.id)
             result.unaccounted.append(row.trans_id)
             record = self._order_id_of_its_own(row, record, taken)
             event = await self._settle(row, record, give_back, len(found), undecided)
@@ -297,6 +308,7 @@ class ChargeAudit:
         accounted = _Accounted(self._now() - self.lookback)
         asked: dict[str, str] = {}  # trans id -> the terminal it was asked under
         newest = 0.0  # the service's latest charge on these terminals: real time, at most now
+        newest_own = 0.0  # ... of this unit's own (its id and tag, or its journal's sales)
         rows_read = 0  # reporting's rows this check has read (``long`` past START_WAIT_ROWS)
         async for device, chunk in self._chunks(settled, page_size):
             rows_read += len(chunk)
@@ -315,6 +327,8 @@ class ChargeAudit:
                     continue
                 sale = None if base is None else sales.get(base)
                 mine = self._held_by_journal(base, sale) or self._provably_ours(row.order_id)
+                if mine and at is not None:
+                    newest_own = max(newest_own, at)
                 if mine and status not in _HOLDING:
                     continue  # this unit's, holding nothing: never looked at again
                 if mine and parts is not None and _plainly_accounted(sale, running, row):
@@ -329,7 +343,10 @@ class ChargeAudit:
         # is later: a clock not yet set by NTP (a Pi booted from a new card: its image's date,
         # or 1970) would stretch it over the terminals' whole history, and every charge of a
         # sale made before this journal (pruned, or on the card replaced) would look lost.
-        start = max(self._now(), newest) - self.lookback
+        # The latest of the unit's own charges, where it has any: one charge of another's that
+        # the service dated ahead (its clock off) moved the window past the unit's own lost
+        # charge, never given back nor told (2026-11-30, i42-money-attack)
+        start = max(self._now(), newest_own or newest) - self.lookback
         recent = [row for row in rows.values() if _in_window(_date_of(row), start)]
         ours = [row for row in recent if self._provably_ours(row.order_id)]
         foreign = [row for row in recent if not self._provably_ours(row.order_id)]
@@ -409,6 +426,20 @@ class ChargeAudit:
         record = self.journal.by_order_id(base)
         if record is not None and record.source == AUDIT_SOURCE:
             record = None  # a give-back took the order id of a sale the journal lost
+        # An order id the unit never sent is put to a person: the tag is the sale's, the
+        # suffix anyone's (2026-11-30, i42-money-attack: a charge under a paid sale's order id
+        # with -5 was voided as its double charge). It never charges under -held nor writes an
+        # attempt as -1, -0 or -02; and each attempt is journaled before it goes, so a sale
+        # that ended with money moved (on disk after its every attempt: a journal that lost
+        # writes lost its latest) sent none past its last. One that ended with none moved may
+        # have lost what moved it, its attempts too: given back below.
+        if not _sent_form(suffix):
+            self._unmade[row.trans_id] = _unmade_words(row, "a suffix it never writes")
+        elif (record is not None and _accounts_for(record, running)
+              and row.order_id not in record.all_order_ids()):
+            self._unmade[row.trans_id] = _unmade_words(
+                row, f"its sale {record.sale_id} made {record.attempt} attempt(s) under "
+                f"{record.order_id}, each journaled before it went")
         if record is not None:
             if _accounts_for(record, running) and not _not_its_charge(
                 record.state, record.trans_id, row
@@ -427,6 +458,7 @@ class ChargeAudit:
         if self._given_back(base, row.trans_id):
             return None
         if record is None:
+            self._unheld.add(row.trans_id)
             return self._new_record(row, base, _attempt_of(suffix))
         return self._new_record(row, f"{base}{HELD_SUFFIX}", 1)
 
@@ -565,6 +597,28 @@ def _unproven_words(sale: SaleRecord) -> str:
             f"{sale.state.value} with its charge {sale.trans_id}): reporting does not show "
             "that charge under the order id, so the agent cannot tell which of them is the "
             "customer's payment and gives none back; a person decides now "
+            "(`kiosk-agent sales resolve`)")
+
+
+def _sent_form(suffix: str) -> bool:
+    """Whether an order id's suffix is one the unit sends: none (the first attempt), or a
+    retried attempt's ``-N``, N from 2, written plainly (``-held`` names a give-back sale,
+    never a charge)."""
+    return not suffix or (suffix.isdigit() and suffix == str(int(suffix)) and int(suffix) >= 2)
+
+
+def _unmade_words(row: Transaction, why: str) -> str:
+    return (f"a charge under order id {row.order_id}, which this unit never sent ({why}): "
+            "maybe another program's that copied the unit's order ids; the agent cannot prove "
+            "it its own and gives none back; a person decides now (`kiosk-agent sales resolve`)")
+
+
+def _copyable_words(unit_id: str) -> str:
+    return (f"a charge under this unit's id ({unit_id}) of a sale the journal does not hold: the "
+            "journal was made on a machine with no hardware id (no serial number, no physical "
+            "network interface), where a copy of its card on another such machine would charge "
+            "under the same id, so the agent cannot prove it its own (its journal lost, or a "
+            "cloned card's twin) and gives none back; a person decides now "
             "(`kiosk-agent sales resolve`)")
 
 

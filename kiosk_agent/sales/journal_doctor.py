@@ -92,8 +92,14 @@ def check_unit(report: Report, path: Path) -> None:
             "one a new id (the old id's charges stay that unit's); or begin the journal anew",
         )  # fmt: skip
         return
+    # no serial, no physical interface: a cloned card's twin is not told apart (unit.py
+    # ``OwnUnit.copyable``), and the charge check gives back no charge it cannot place
+    weak = ("; no hardware id, so a copy of this card on another such machine would not be "
+            "told apart: a charge of no sale the journal holds goes to a person, never given "
+            "back") if not current.machine.hardware else ""
     report.add("unit", Verdict.PASS,
-               f"unit {current.unit_id}, its journal made on this machine ({here.describe()})")
+               f"unit {current.unit_id}, its journal made on this machine ({here.describe()})"
+               f"{weak}")
 
 
 def check_journal_file(report: Report, path: Path, *, quick: bool = False) -> None:

@@ -142,6 +142,15 @@ class OwnUnit:
     def confirmed(self) -> bool:
         return not self.mismatch and not self.fault
 
+    @property
+    def copyable(self) -> bool:
+        """Its journal was made on a machine with no hardware id (no serial, no physical
+        network interface): a copy of its card on another such machine, at the same path,
+        carries its machine-id, id and key and is not told apart (``Machine.differs``), so a
+        charge under its id that the journal does not hold may be that twin's: the charge
+        check gives none back (2026-11-30, i42-money-attack)."""
+        return not self.machine.hardware
+
     def order_id(self, sale_id: str) -> str:
         return make_order_id(self.id, self.key, sale_id)
 
