@@ -450,7 +450,8 @@ async def _run(config: Any, args: argparse.Namespace, page_token: str | None = N
             outage = Outage(sim_url, next(iter(agent.settings.terminals)), view)
             async with agent.events.subscribe() as queue, outage:
                 await agent.start()
-                admin_file = _announce_status_page(agent, view, page_token, journal)
+                admin_file = _announce_status_page(agent, view, page_token, journal,
+                                                   service.simulator.ready_info())
                 machines = [p for p in agent.platforms if isinstance(p, VirtualPlatform)]
                 if args.sales is not None:
                     view.customers = Customers(args.sales, machines)
@@ -516,10 +517,12 @@ async def _show_audit(agent: Any, view: LiveView) -> None:
 
 
 def _announce_status_page(
-    agent: Any, view: LiveView, token: str | None, journal: Path
+    agent: Any, view: LiveView, token: str | None, journal: Path,
+    simulator: dict[str, Any] | None = None,
 ) -> Path | None:
     """Say where the status page is; with a token made for the run, write where `health -c`
-    and `events -c` find it (cli/demo_admin.py, 0600 beside the journal): the file, or None."""
+    and `events -c` find it, and the service commands its simulator (cli/demo_admin.py, 0600
+    beside the journal): the file, or None."""
     admin = next((c for c in agent.components if type(c).__name__ == "AdminServer"), None)
     if admin is None:
         return None
@@ -531,7 +534,7 @@ def _announce_status_page(
 
     path = demo_admin_path(journal)
     try:
-        write_demo_admin(path, admin.url, token)
+        write_demo_admin(path, admin.url, token, simulator)
     except OSError as err:
         view.note(f"cannot write {path} ({err.strerror}): `health -c` cannot find this demo")
         return None

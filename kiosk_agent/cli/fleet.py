@@ -187,12 +187,16 @@ def _print_check(check: Check) -> None:
 
 async def _check_service(report: Report, config: Config, args: argparse.Namespace) -> None:
     from kiosk_agent.app import configured_service
-    from kiosk_agent.cli.embedded import embedded_simulator
+    from kiosk_agent.cli.embedded import RunningSimulator, command_simulator
     from kiosk_agent.doctor import Verdict, check_terminals
     from kiosk_agent.service.client import ServiceClient
 
-    async with configured_service(config, embedded_simulator) as configured:
-        if configured.simulator is not None:
+    async with configured_service(config, command_simulator(config)) as configured:
+        if isinstance(configured.simulator, RunningSimulator):
+            report.add("service", Verdict.PASS,
+                       f"the simulator of the demo running on it, at "
+                       f"{configured.simulator.base_url} (process {configured.simulator.pid})")
+        elif configured.simulator is not None:
             report.add("service", Verdict.PASS,
                        f"embedded simulator started at {configured.simulator.base_url}")
         async with ServiceClient(configured.settings) as service:
