@@ -39,6 +39,7 @@ from kiosk_agent.cli.contract import (
     load,
     options,
     positive_int,
+    program_command,
     use_colour,
 )
 from kiosk_agent.moments import display_clock
@@ -365,35 +366,6 @@ def _journal_refused(err: Exception) -> CliError:
 
 def _journal_hint(config: Any) -> str:
     return f"{program_command(sys.argv[0])} sales -c {_shown_path(Path(config.path))}"
-
-
-def program_command(argv0: str, executable: str = sys.executable) -> str:
-    """How to run kiosk-agent again as this process was started, for a hint to paste:
-    ``kiosk-agent`` when that name on $PATH is this program, else its path
-    (``.venv/bin/kiosk-agent``: `./dev demo` runs it from the venv, not from $PATH), or
-    ``.venv/bin/python -m kiosk_agent``. A bare ``kiosk-agent`` was "command not found"."""
-    import os
-    import shutil
-
-    program = Path(argv0)
-    if program.name == "__main__.py":  # python -m kiosk_agent
-        return f"{_unresolved(Path(executable))} -m kiosk_agent"
-    found = shutil.which(program.name)
-    if found is not None and Path(found).resolve() == Path(os.path.abspath(program)).resolve():
-        return program.name
-    return _unresolved(program)
-
-
-def _unresolved(path: Path) -> str:
-    """``path`` from the current directory when under it, else absolute; a symbolic link is
-    kept as named (a venv's ``bin/python`` is one)."""
-    import os
-
-    absolute = Path(os.path.abspath(path))
-    try:
-        return str(absolute.relative_to(Path.cwd()))
-    except ValueError:
-        return str(absolute)
 
 
 def _shown_path(path: Path) -> str:

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kiosk_agent.cli.contract import EXIT_UNREACHABLE, EXIT_USAGE, CliError
+from kiosk_agent.cli.contract import EXIT_UNREACHABLE, EXIT_USAGE, CliError, program_command
 
 SUFFIX = ".admin"
 
@@ -146,8 +146,6 @@ def _read_trusted(path: Path, config_path: str) -> dict[str, Any]:
 
 def _program() -> str:
     """kiosk-agent as this command was started (`.venv/bin/kiosk-agent` from a checkout)."""
-    from kiosk_agent.cli.demo import program_command
-
     return program_command(sys.argv[0])
 
 

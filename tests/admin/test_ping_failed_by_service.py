@@ -53,6 +53,10 @@ async def test_pings_the_service_fails_are_told_as_the_services_not_the_readers(
     assert "OFFLINE" not in text, text
     assert "terminal offline" not in text, text
     assert "service:  UNREACHABLE" in text, text
+    # what to run next: the doctor names the fix of each failing part (no config with --url)
+    assert [line for line in text.splitlines() if line.startswith("next:")] == [
+        "next:     `" + _program() + " doctor -c FILE` checks each part and says how to fix "
+        "what fails"], text
 
     # the service answers again: the readers are pinged, online, and back in service
     await sim_call(sim, "DELETE", "/sim/faults")
@@ -62,4 +66,15 @@ async def test_pings_the_service_fails_are_told_as_the_services_not_the_readers(
     snapshot = agent.health.snapshot()
     assert [t.online for t in snapshot.terminals] == [True, True]
     assert snapshot.problems == []
+    code, text, _ = await _cli(capsys, "health", "--url", admin_server.url)
+    assert code == 0
+    assert "next:" not in text, text  # nothing to do
+
+
+def _program() -> str:
+    import sys
+
+    from kiosk_agent.cli.contract import program_command
+
+    return program_command(sys.argv[0])
 
