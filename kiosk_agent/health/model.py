@@ -425,6 +425,9 @@ class Health:
     def terminal(self, device_id: str) -> TerminalHealth | None:
         return self._terminals.get(device_id)
 
+    def terminal_ids(self) -> list[str]:
+        return list(self._terminals)
+
     @property
     def service(self) -> ServiceHealth:
         return self._service
@@ -857,6 +860,13 @@ class HealthChecker:
                 listed = await self._terminals.list()
         except Exception as err:  # noqa: BLE001 - a refused key, or "not reachable"; say which
             self._health.report_call_failed(err)
+            if not isinstance(err, AuthenticationError):
+                # no reader was asked: its last round's "online" is no longer known, as where
+                # the service fails a ping (the service's fault, not the reader's)
+                for device_id in self._device_ids or self._health.terminal_ids():
+                    self._health.report_terminal(
+                        device_id, online=None, detail="not known while the service does not answer"
+                    )
             return
         self._health.report_credentials(True)
         wanted = self._device_ids or [str(t.device_id) for t in listed]

@@ -78,3 +78,36 @@ def _program() -> str:
 
     return program_command(sys.argv[0])
 
+
+
+async def test_readers_are_not_shown_online_while_the_service_does_not_answer(
+    sim: Any, agent: Any, admin_server: Any, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The terminal list not answering (no reader asked): `health` showed each reader
+    `online, connected, ping N ms` from the round before, beside `service: UNREACHABLE`. What
+    a reader's state is, nobody knows meanwhile: `unchecked`, as where the service fails a
+    ping; the simulator still holds both online, and they read so again once it answers."""
+    agent.availability.wake()  # a round of pings first: both readers answered online
+    await until(lambda: [t.online for t in agent.health.snapshot().terminals] == [True, True]
+                and all(t.last_ping_at for t in agent.health.snapshot().terminals))
+    await sim_call(sim, "POST", "/sim/faults", {"path": "/api/terminal", "method": "GET",
+                                                "fault": "unavailable", "count": 100000})
+    agent.availability.wake()
+    await until(lambda: agent.health.snapshot().service.reachable is False)
+    monkeypatch.setenv("KIOSK_AGENT_TOKEN", ADMIN_TOKEN)
+    code, out, _ = await _cli(capsys, "health", "--url", admin_server.url, "--json")
+    health = json.loads(out)
+    assert (code, health["status"]) == (1, "down")
+    for terminal in health["terminals"]:
+        assert terminal["online"] is None, terminal
+        assert terminal["detail"] == "not known while the service does not answer", terminal
+    code, text, _ = await _cli(capsys, "health", "--url", admin_server.url)
+    terminal_lines = [line for line in text.splitlines() if line.startswith("terminal:")]
+    assert len(terminal_lines) == 2, text
+    assert all(" unchecked" in line and " online" not in line for line in terminal_lines), text
+
+    await sim_call(sim, "DELETE", "/sim/faults")
+    agent.availability.wake()
+    await until(lambda: agent.health.snapshot().service.reachable is True)
+    assert [t.online for t in agent.health.snapshot().terminals] == [True, True]
