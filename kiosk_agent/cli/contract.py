@@ -800,3 +800,29 @@ def say(args: argparse.Namespace, line: str, **result: object) -> None:
 def print_json(data: object) -> None:
     STATUS.clear()
     print(json.dumps(data, indent=2))
+
+
+def program_command(argv0: str, executable: str = sys.executable) -> str:
+    """How to run kiosk-agent again as this process was started, for a hint to paste:
+    ``kiosk-agent`` when that name on $PATH is this program, else its path
+    (``.venv/bin/kiosk-agent``: `./dev demo` runs it from the venv, not from $PATH), or
+    ``.venv/bin/python -m kiosk_agent``. A bare ``kiosk-agent`` was "command not found"."""
+    import shutil
+
+    program = Path(argv0)
+    if program.name == "__main__.py":  # python -m kiosk_agent
+        return f"{_unresolved(Path(executable))} -m kiosk_agent"
+    found = shutil.which(program.name)
+    if found is not None and Path(found).resolve() == Path(os.path.abspath(program)).resolve():
+        return program.name
+    return _unresolved(program)
+
+
+def _unresolved(path: Path) -> str:
+    """``path`` from the current directory when under it, else absolute; a symbolic link is
+    kept as named (a venv's ``bin/python`` is one)."""
+    absolute = Path(os.path.abspath(path))
+    try:
+        return str(absolute.relative_to(Path.cwd()))
+    except ValueError:
+        return str(absolute)

@@ -39,6 +39,7 @@ from kiosk_agent.cli.contract import (
     load,
     options,
     positive_int,
+    program_command,
     use_colour,
 )
 from kiosk_agent.moments import display_clock
@@ -367,35 +368,6 @@ def _journal_hint(config: Any) -> str:
     return f"{program_command(sys.argv[0])} sales -c {_shown_path(Path(config.path))}"
 
 
-def program_command(argv0: str, executable: str = sys.executable) -> str:
-    """How to run kiosk-agent again as this process was started, for a hint to paste:
-    ``kiosk-agent`` when that name on $PATH is this program, else its path
-    (``.venv/bin/kiosk-agent``: `./dev demo` runs it from the venv, not from $PATH), or
-    ``.venv/bin/python -m kiosk_agent``. A bare ``kiosk-agent`` was "command not found"."""
-    import os
-    import shutil
-
-    program = Path(argv0)
-    if program.name == "__main__.py":  # python -m kiosk_agent
-        return f"{_unresolved(Path(executable))} -m kiosk_agent"
-    found = shutil.which(program.name)
-    if found is not None and Path(found).resolve() == Path(os.path.abspath(program)).resolve():
-        return program.name
-    return _unresolved(program)
-
-
-def _unresolved(path: Path) -> str:
-    """``path`` from the current directory when under it, else absolute; a symbolic link is
-    kept as named (a venv's ``bin/python`` is one)."""
-    import os
-
-    absolute = Path(os.path.abspath(path))
-    try:
-        return str(absolute.relative_to(Path.cwd()))
-    except ValueError:
-        return str(absolute)
-
-
 def _shown_path(path: Path) -> str:
     """``config/demo.yaml`` from the checkout's top, else the path as it is."""
     try:
@@ -450,7 +422,8 @@ async def _run(config: Any, args: argparse.Namespace, page_token: str | None = N
             outage = Outage(sim_url, next(iter(agent.settings.terminals)), view)
             async with agent.events.subscribe() as queue, outage:
                 await agent.start()
-                admin_file = _announce_status_page(agent, view, page_token, journal)
+                admin_file = _announce_status_page(agent, view, page_token, journal,
+                                                   service.simulator.ready_info())
                 machines = [p for p in agent.platforms if isinstance(p, VirtualPlatform)]
                 if args.sales is not None:
                     view.customers = Customers(args.sales, machines)
@@ -517,10 +490,12 @@ async def _show_audit(agent: Any, view: LiveView, began: float) -> None:
 
 
 def _announce_status_page(
-    agent: Any, view: LiveView, token: str | None, journal: Path
+    agent: Any, view: LiveView, token: str | None, journal: Path,
+    simulator: dict[str, Any] | None = None,
 ) -> Path | None:
     """Say where the status page is; with a token made for the run, write where `health -c`
-    and `events -c` find it (cli/demo_admin.py, 0600 beside the journal): the file, or None."""
+    and `events -c` find it, and the service commands its simulator (cli/demo_admin.py, 0600
+    beside the journal): the file, or None."""
     admin = next((c for c in agent.components if type(c).__name__ == "AdminServer"), None)
     if admin is None:
         return None
@@ -532,7 +507,7 @@ def _announce_status_page(
 
     path = demo_admin_path(journal)
     try:
-        write_demo_admin(path, admin.url, token)
+        write_demo_admin(path, admin.url, token, simulator)
     except OSError as err:
         view.note(f"cannot write {path} ({err.strerror}): `health -c` cannot find this demo")
         return None

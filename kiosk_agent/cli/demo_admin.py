@@ -1,4 +1,6 @@
-"""Where a running demo's admin API is, for `health` and `events` on the demo's configuration.
+"""Where a running demo's admin API is, for `health` and `events` on the demo's configuration,
+and its simulator, for the service commands on it (`report`, `payments`, `terminals ping`,
+`doctor`: the demo's sales and readers, not a simulator of their own that holds none).
 
 The demo serves the field tech's status page and the admin API on 127.0.0.1 (a port the system
 picks) with a token made for the run, and config/demo.yaml has no ``admin:`` section: a secret
@@ -20,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kiosk_agent.cli.contract import EXIT_UNREACHABLE, EXIT_USAGE, CliError
+from kiosk_agent.cli.contract import EXIT_UNREACHABLE, EXIT_USAGE, CliError, program_command
 
 SUFFIX = ".admin"
 
@@ -30,12 +32,18 @@ def demo_admin_path(journal: Path) -> Path:
     return journal.with_name(journal.name + SUFFIX)
 
 
-def write_demo_admin(path: Path, url: str, token: str) -> None:
+def write_demo_admin(
+    path: Path, url: str, token: str, simulator: dict[str, Any] | None = None
+) -> None:
     """Write the demo's address and token, readable by the owner only: any file of that name
     is removed first (a stale one, or one another made), and the new one is made 0600 by this
-    process (O_EXCL: never opened through a link someone left)."""
+    process (O_EXCL: never opened through a link someone left). ``simulator``: the demo's
+    simulator's READY information, so the service commands on its configuration ask the
+    simulator that holds its sales (``running_demo_simulator``)."""
     path.unlink(missing_ok=True)
     found: dict[str, Any] = {"url": url, "token": token, "pid": os.getpid()}
+    if simulator is not None:
+        found["simulator"] = simulator
     started = _started(os.getpid())
     if started is not None:  # a process id reused after a kill -9 is not this demo
         found["started"] = started
@@ -67,8 +75,31 @@ def running_demo(config: Any, config_path: str) -> tuple[str, str] | None:
     return read_demo_admin(path, config_path)
 
 
+def running_demo_simulator(config: Any, config_path: str) -> dict[str, Any] | None:
+    """The READY information of the simulator of the demo running on ``config``: None where no
+    demo runs on it (or its file is not to be trusted, or names none): the service commands
+    then start one of their own, as before."""
+    path = demo_admin_path(Path(config.resolve(config["journal"]["path"])))
+    if not os.path.lexists(path):
+        return None
+    try:
+        found = _read_trusted(path, config_path)
+    except CliError:
+        return None
+    simulator = found.get("simulator")
+    if not isinstance(simulator, dict) or not isinstance(simulator.get("base_url"), str):
+        return None
+    return {**simulator, "pid": found["pid"]}
+
+
 def read_demo_admin(path: Path, config_path: str) -> tuple[str, str]:
-    """The running demo's address and token; a CliError saying what is wrong otherwise. The
+    """The running demo's address and token; a CliError saying what is wrong otherwise."""
+    found = _read_trusted(path, config_path)
+    return str(found["url"]), str(found["token"])
+
+
+def _read_trusted(path: Path, config_path: str) -> dict[str, Any]:
+    """The running demo's file as it wrote it; a CliError saying what is wrong otherwise. The
     file is opened once, never through a link (O_NOFOLLOW), and what is checked is what is
     read (its descriptor's own status), not a name another could change in between."""
     try:
@@ -96,7 +127,7 @@ def read_demo_admin(path: Path, config_path: str) -> tuple[str, str]:
             )
         try:
             found: Any = json.loads(os.read(fd, 65536).decode("utf-8")) if fd is not None else {}
-            url, token, pid = str(found["url"]), str(found["token"]), int(found["pid"])
+            url, pid, _token = str(found["url"]), int(found["pid"]), str(found["token"])
             started = found.get("started")
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             raise CliError(f"{path} is not a demo's admin file", EXIT_USAGE) from None
@@ -109,13 +140,12 @@ def read_demo_admin(path: Path, config_path: str) -> tuple[str, str]:
             EXIT_UNREACHABLE,
             [f"start it: `{_program()} demo -c {config_path}`, then ask again"],
         )
-    return url, token
+    written: dict[str, Any] = found  # a dict: its keys were read above
+    return written
 
 
 def _program() -> str:
     """kiosk-agent as this command was started (`.venv/bin/kiosk-agent` from a checkout)."""
-    from kiosk_agent.cli.demo import program_command
-
     return program_command(sys.argv[0])
 
 

@@ -40,6 +40,7 @@ from kiosk_agent.cli.contract import (
     plural,
     positive_number,
     print_json,
+    program_command,
     timeout_of,
     wants_json,
     zero_or_more_seconds,
@@ -187,12 +188,16 @@ def _print_check(check: Check) -> None:
 
 async def _check_service(report: Report, config: Config, args: argparse.Namespace) -> None:
     from kiosk_agent.app import configured_service
-    from kiosk_agent.cli.embedded import embedded_simulator
+    from kiosk_agent.cli.embedded import RunningSimulator, command_simulator
     from kiosk_agent.doctor import Verdict, check_terminals
     from kiosk_agent.service.client import ServiceClient
 
-    async with configured_service(config, embedded_simulator) as configured:
-        if configured.simulator is not None:
+    async with configured_service(config, command_simulator(config)) as configured:
+        if isinstance(configured.simulator, RunningSimulator):
+            report.add("service", Verdict.PASS,
+                       f"the simulator of the demo running on it, at "
+                       f"{configured.simulator.base_url} (process {configured.simulator.pid})")
+        elif configured.simulator is not None:
             report.add("service", Verdict.PASS,
                        f"embedded simulator started at {configured.simulator.base_url}")
         async with ServiceClient(configured.settings) as service:
@@ -498,8 +503,40 @@ async def health_command(args: argparse.Namespace) -> int:
         snapshot = json.loads(body)
     except ValueError:
         raise CliError(f"{url} answered no JSON: is it the agent's admin API?") from None
-    print(json.dumps(snapshot, indent=2) if wants_json(args) else format_health(snapshot))
+    if wants_json(args):
+        print(json.dumps(snapshot, indent=2))
+    else:
+        print("\n".join([format_health(snapshot), *next_steps(snapshot, args)]))
     return EXIT_OK if snapshot.get("status") == "ok" else EXIT_FAILED
+
+
+def next_steps(snapshot: dict[str, Any], args: argparse.Namespace) -> list[str]:
+    """What a tech at the unit runs next, by what health holds (its fields, not its words):
+    the doctor names the fix of each failing part (a reader, the service, the journal, a
+    link); the sales that wait for a person have commands of their own. None when it is ok."""
+    if snapshot.get("status") == "ok":
+        return []
+    path = optional_config_path(args)
+    program = program_command(sys.argv[0])
+    config = f"-c {path}" if path is not None else "-c FILE"
+    sales = snapshot.get("sales", {})
+    journal = snapshot.get("journal", {})
+    steps = []
+    if (snapshot.get("service", {}).get("reachable") is False
+            or journal.get("writable") is False
+            or any(t.get("online") is False for t in snapshot.get("terminals", []))
+            or any(not link.get("healthy", True) for link in snapshot.get("links", []))
+            or any(not a.get("available", True) and not a.get("starting")
+                   for a in snapshot.get("availability", []))):
+        steps.append(f"next:     `{program} doctor {config}` checks each part and says how to "
+                     "fix what fails")
+    if sales.get("attention"):
+        steps.append(f"next:     `{program} sales attention {config}` lists the sales a person "
+                     "decides")
+    if sales.get("late_vends") or sales.get("maybe_dispensed"):
+        steps.append(f"next:     `{program} sales late-vends {config}`: check the stock, then "
+                     "acknowledge them")
+    return steps
 
 
 # The most of an answer `health` reads (a health snapshot is some kilobytes).

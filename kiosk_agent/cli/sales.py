@@ -292,6 +292,9 @@ async def attention_command(args: argparse.Namespace) -> int:
             f"  {for_terminal(sale.message)}"
         )
     counted = plural(len(sales), "sale") + " in attention"
+    if stalled:  # listed above, and the exit code counts them: never "0 sales" alone
+        counted += (f", {plural(len(stalled), 'open sale')} not moving (the agent finishes "
+                    f"{'it' if len(stalled) == 1 else 'them'})")
     if others:
         counted += f", {len(others)} open sale(s) of another unit id"
     print(

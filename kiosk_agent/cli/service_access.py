@@ -62,14 +62,17 @@ async def _configured_values(path: Path) -> AsyncIterator[dict[str, Any]]:
     from pydantic import ValidationError
 
     from kiosk_agent.app import configured_service
-    from kiosk_agent.cli.embedded import embedded_simulator
+    from kiosk_agent.cli.embedded import RunningSimulator, command_simulator
 
     config = load(path, check_platforms=False)
     settings_made = False
     try:
-        async with configured_service(config, embedded_simulator) as service:
+        async with configured_service(config, command_simulator(config)) as service:
             settings_made = True
-            if service.simulator is not None:
+            if isinstance(service.simulator, RunningSimulator):
+                STATUS.done(f"{path}: the simulator of the demo running on it, at "
+                            f"{service.simulator.base_url} (process {service.simulator.pid})")
+            elif service.simulator is not None:
                 STATUS.done(f"{path}: started the embedded simulator at "
                             f"{service.simulator.base_url} for this command (its state ends "
                             "with it)")

@@ -30,10 +30,20 @@ from kiosk_agent.redact import redact
 from kiosk_agent.sales.kinds import no_selection
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState, Step
-from kiosk_agent.service.errors import AuthenticationError
+from kiosk_agent.service.errors import (
+    AuthenticationError,
+    InvalidResponseError,
+    RateLimitedError,
+    ServerError,
+    ServiceUnreachableError,
+)
 from kiosk_agent.tasks import BackgroundTask, wait_event
 
 _LOGGER = logging.getLogger(__name__)
+
+# a ping ended by the service's own failure, not the reader's (an offline reader is an answer:
+# `online: false`)
+SERVICE_FAILED = (ServerError, ServiceUnreachableError, RateLimitedError, InvalidResponseError)
 
 # Link states a platform may report; anything else is shown as given and counted as unhealthy.
 LINK_HEALTHY_STATES = frozenset({"connected", "open", "ready", "ok", "up"})
@@ -417,6 +427,9 @@ class Health:
 
     def terminal(self, device_id: str) -> TerminalHealth | None:
         return self._terminals.get(device_id)
+
+    def terminal_ids(self) -> list[str]:
+        return list(self._terminals)
 
     @property
     def service(self) -> ServiceHealth:
@@ -851,13 +864,22 @@ class HealthChecker:
                 listed = await self._terminals.list()
         except Exception as err:  # noqa: BLE001 - a refused key, or "not reachable"; say which
             self._health.report_call_failed(err)
+            if not isinstance(err, AuthenticationError):
+                # no reader was asked: its last round's "online" is no longer known, as where
+                # the service fails a ping (the service's fault, not the reader's)
+                for device_id in self._device_ids or self._health.terminal_ids():
+                    self._health.report_terminal(
+                        device_id, online=None, detail="not known while the service does not answer"
+                    )
             return
-        self._health.report_service(True)
         self._health.report_credentials(True)
         wanted = self._device_ids or [str(t.device_id) for t in listed]
         by_id = {str(t.device_id): t for t in listed}
+        failed = False
         for device_id in wanted:
-            await self._check_terminal(device_id, by_id.get(device_id))
+            failed = not await self._check_terminal(device_id, by_id.get(device_id)) or failed
+        if not failed:  # reachable once its pings answered too: never True, then False again
+            self._health.report_service(True)
 
     def _probe_journal(self, probe: Callable[[], object]) -> None:
         try:
@@ -872,22 +894,33 @@ class HealthChecker:
         else:
             self._health.report_journal(True)
 
-    async def _check_terminal(self, device_id: str, listed: Any) -> None:
+    async def _check_terminal(self, device_id: str, listed: Any) -> bool:
+        """Ping one terminal; False where the service itself failed the ping."""
         if listed is None:
             self._health.report_terminal(
                 device_id, online=False, detail="not listed by the service"
             )
-            return
+            return True
         name = self._names.get(device_id) or getattr(listed, "name", None)
         connected = getattr(listed, "connected", None)
         try:
             async with asyncio.timeout(self._timeout):
                 answer = await self._terminals.ping(device_id)
+        except SERVICE_FAILED as err:
+            # the service failed (5xx, 429, no answer, an unreadable one), not the reader: an
+            # offline reader is an answer (`online: false`). Told as the service's, so a tech
+            # is not sent to the reader's power and network; the reader is not known meanwhile
+            self._health.report_call_failed(err)
+            self._health.report_terminal(
+                device_id, online=None, connected=connected, name=name,
+                detail=f"not known: the service failed its ping ({_describe(err)})",
+            )
+            return False
         except Exception as err:  # noqa: BLE001
             self._health.report_terminal(
                 device_id, online=False, connected=connected, name=name, detail=_describe(err)
             )
-            return
+            return True
         online = bool(getattr(answer, "online", False))
         self._health.report_terminal(
             device_id,
@@ -898,6 +931,7 @@ class HealthChecker:
             detail="" if online else "ping: terminal offline",
             pinged=True,
         )
+        return True
 
 
 def _describe(err: BaseException) -> str:

@@ -26,14 +26,16 @@ from kiosk_agent.data_class import data_class
 from kiosk_agent.moments import display_clock
 from kiosk_agent.money import format_cents
 from kiosk_agent.sales.journal import JournalError, SaleMoved, SaleRecord
+from kiosk_agent.sales.journal_records import HeldStep
 from kiosk_agent.sales.late_vends import LateVendWatch
-from kiosk_agent.sales.live import SaleFlow
+from kiosk_agent.sales.live import SaleFlow, outcome_detail
 from kiosk_agent.sales.model import STOPPING as STOPPING  # re-exported: where callers look
 from kiosk_agent.sales.model import AgentStopping as AgentStopping
 from kiosk_agent.sales.model import (
     BadAmount,
     DispenseOutcome,
     Dispenser,
+    DispenseStatus,
     Flow,
     PriceAboveMaximum,
     RecoveryHolds,
@@ -691,6 +693,16 @@ async def _strand(
         await flow._deny("journal not writable")
     if flow.unwritten is None:
         raise RuntimeError("a sale not journaled without its unwritten record")
+    if flow.unwritten.state is SaleState.DISPENSING and not any(
+        held.step is Step.DISPENSE_RESULT for held in flow.held
+    ):
+        # the step that failed (dispense.request, card first dispense.chosen) is journaled
+        # before the vend it approves, so no vend of this sale was approved, and the machine
+        # was just told no: its end is known. Held with the sale, so that the journal, once
+        # back, does not read a vend left in flight (recovery told a person it "may have
+        # dispensed": 2026-11-30, i42-newcomer, an MDB card-first sale on a full disk)
+        denied = DispenseOutcome(DispenseStatus.CANCELLED, detail="denied: journal not writable")
+        flow.held = [*flow.held, HeldStep(Step.DISPENSE_RESULT, None, outcome_detail(denied))]
     why = f"not journaled yet ({err}); finished once the journal is back"
     flow.unwritten = dataclasses.replace(flow.unwritten, message=why)
     keep(flow)

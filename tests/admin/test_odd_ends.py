@@ -336,6 +336,11 @@ async def test_the_health_summary_counts_what_the_journal_holds(
     assert code == 1  # degraded: sales need a person
     [line] = [line for line in out.splitlines() if line.startswith("sales:")]
     assert f"{count} completed, ${dollars(cents)}; open 0, attention {len(attention)}" in line
+    # what a tech runs next: the sales a person decides, the products that went out unpaid
+    steps = [line for line in out.splitlines() if line.startswith("next:")]
+    assert len(steps) == 2, steps
+    assert " sales attention -c FILE` lists the sales a person decides" in steps[0]
+    assert " sales late-vends -c FILE`: check the stock, then acknowledge them" in steps[1]
     reversed_ = [r for r in records.values() if r.state is SaleState.REVERSED]
     terminals = ("SIM-0001", "SIM-0007")
     assert sum(_counter(metrics, "kiosk_agent_reversed_cents_total", t) for t in terminals) == (

@@ -486,6 +486,9 @@ def test_sales_attention_shows_an_open_sale_that_has_not_moved(
     listed = capsys.readouterr().out
     assert "9a8b7c6d5e  KAHELD  kiosk_api:screen  open (charging) since" in listed
     assert "not moved for 120 s" in listed
+    # the count says what was listed (before: "0 sales in attention", exit 1, i42-newcomer)
+    assert listed.splitlines()[-1] == (
+        "0 sales in attention, 1 open sale not moving (the agent finishes it)")
     assert main(["sales", "attention", "-c", str(path), "--json"]) == EXIT_FAILED
     [stalled] = json.loads(capsys.readouterr().out)["stalled_open"]
     assert stalled["state"] == "charging"

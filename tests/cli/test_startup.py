@@ -518,3 +518,29 @@ def test_a_read_command_ends_its_process_without_the_interpreters_teardown(
     assert refused.returncode != 0
     assert "torn down" not in refused.stderr
     assert "nothing-like-it" in refused.stderr  # its words, written before the end
+
+
+def test_health_says_what_to_run_next_without_the_demos_modules(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A health that is not ok ends with what to run next (`next:` lines, 2026-11-30
+    i42-newcomer), by what it holds; saying how this program is run (`program_command`) is
+    the contract's, so the answer a tech waits for when a reader is down imports neither the
+    demo's modules (the live view, its tasks) nor aiohttp."""
+    snapshot = {"status": "down", "version": "x", "uptime_s": 5,
+                "service": {"reachable": True},
+                "sales": {"attention": 1, "late_vends": 1},
+                "terminals": [{"device_id": "SIM-0001", "online": False}],
+                "availability": [{"device_id": "SIM-0001", "available": False,
+                                  "reason": "terminal offline", "since": 0.0}],
+                "problems": ["terminal SIM-0001 offline"]}
+    monkeypatch.setenv("KIOSK_AGENT_TOKEN", "t" * 24)
+    with an_agent_answering(snapshot) as url:
+        output, modules = modules_after(["health", "--url", url, "--timeout", "5"])
+    steps = [line for line in output.splitlines() if line.startswith("next:")]
+    assert len(steps) == 3, output
+    assert " doctor -c FILE` checks each part and says how to fix what fails" in steps[0]
+    assert " sales attention -c FILE` lists the sales a person decides" in steps[1]
+    assert " sales late-vends -c FILE`: check the stock, then acknowledge them" in steps[2]
+    for package in ("aiohttp", "kiosk_agent.cli.demo"):
+        assert imported(modules, package) == [], package
