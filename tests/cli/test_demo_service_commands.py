@@ -17,6 +17,7 @@ import sys
 from decimal import Decimal
 from pathlib import Path
 
+from kiosk_agent.sales.machine import MACHINE_ROOT_ENV
 from tests.cli.test_demo import (  # noqa: F401 - demo_home: the demo's home, autouse there
     DEMO_CONFIG,
     REPO,
@@ -31,8 +32,11 @@ from tests.helpers import sim_call, until
 
 async def _command(home: Path, *argv: str) -> tuple[int, str, str]:
     """``kiosk-agent ARGV -c config/demo.yaml`` as a process, with no ``KIOSK_*`` service
-    variables (the configuration alone says where the service is)."""
-    env = {k: v for k, v in _env().items() if not k.startswith("KIOSK_")}
+    variables (the configuration alone says where the service is), on the tests' machine
+    (``KIOSK_MACHINE_ROOT``, tests/conftest.py) as the demo is: else its unit check reads the
+    host's, and the demo's journal is one made on another machine."""
+    env = {k: v for k, v in _env().items()
+           if not k.startswith("KIOSK_") or k == MACHINE_ROOT_ENV}
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "kiosk_agent", *argv, "-c", str(DEMO_CONFIG),
         cwd=REPO, env={**env, "HOME": str(home)},
