@@ -75,6 +75,11 @@ async def test_a_choice_made_on_a_full_disk_is_denied_and_never_told_as_a_maybe_
     assert record is not None
     assert (record.state, record.captured_cents, record.reversed_cents) == (
         SaleState.REVERSED, 0, 500)
+    # what happened, in the words a tech reads (`sales`): not a crash's "interrupted"
+    assert record.message.startswith(
+        "vend refused before it was approved: the journal could not be written (disk full or "
+        "read-only); nothing vended"), record.message
+    assert "interrupted" not in record.message
     [row] = await ledger(agent.service, sale.order_id)
     assert row.status is TransStatus.VOIDED  # the hold released, as the journal says
     steps = [s.step for s in agent.journal.steps(sale.sale_id)]
@@ -113,6 +118,8 @@ async def test_a_vend_whose_request_met_a_full_disk_is_denied_and_never_told_as_
     record = agent.journal.get(sale.sale_id)
     assert record is not None
     assert record.state is SaleState.REVERSED
+    assert record.message == ("vend refused before it was approved: the journal could not be "
+                              "written (disk full or read-only); nothing vended; $2.50 voided")
     steps = [s.step for s in agent.journal.steps(sale.sale_id)]
     assert Step.LATE_VEND not in steps
     assert (agent.health.snapshot().sales.late_vends,
