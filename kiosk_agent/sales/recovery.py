@@ -305,14 +305,16 @@ class Recovery:
                     _LOGGER.error("sale %s: not marked attention: %s", record.sale_id, refused)
         return events
 
-    async def recover(self, steps: SaleSteps) -> SaleEvent:
+    async def recover(self, steps: SaleSteps, *, unsent: bool = False) -> SaleEvent:
         """Drive one open sale to an end (sales/recover_sale.py: imported by the first sale
-        recovered, which most starts never find)."""
+        recovered, which most starts never find). ``unsent``: no money call of this sale ever
+        left (sales/unwritten.py proves it), so no answer is waited for."""
         from kiosk_agent.sales.recover_sale import SaleRecoverer
 
         return await SaleRecoverer(self.context, dispensing=self._dispensing,
                                    unheard=self._unheard,
-                                   told=self.runner.late_vends.noted).recover(steps)
+                                   told=self.runner.late_vends.noted).recover(steps,
+                                                                              unsent=unsent)
 
     def _hearing(self, record: SaleRecord) -> tuple[float, int] | None:
         """Until when (this boot's monotonic time) ``record``'s vend is listened for, and the
