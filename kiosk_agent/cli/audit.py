@@ -117,6 +117,17 @@ async def audit_command(args: argparse.Namespace) -> int:
     return EXIT_FAILED if report["in_all"]["mismatched"] else EXIT_OK
 
 
+# A column no refill was recorded for (`audit fill`; the virtual machine's tech records one once
+# every column is sold out): its sales count from the first read, the column taken as full then.
+# It said "never", which a demo's machine, full at its start, read as never filled (2026-11-30).
+NO_FILL = "not recorded"
+NO_FILL_MEANS = (
+    "FILLED: the last refill recorded (`kiosk-agent audit fill`; the demo's machine records one "
+    "when every column is sold out); not recorded: SOLD and LEFT count from the first read, "
+    "the column taken as full then"
+)
+
+
 def audit_table(report: dict[str, Any]) -> str:
     """The books for people: a line per column, the last read, the latest comparison."""
     from kiosk_agent.text import for_terminal
@@ -131,7 +142,7 @@ def audit_table(report: dict[str, Any]) -> str:
             "" if c["sold_since_fill"] is None else str(c["sold_since_fill"]),
             "" if c["estimate"] is None else str(c["estimate"]),
             "SOLD OUT" if c["sold_out"] else "LOW" if c["low"] else "",
-            _when(c["filled_at"]) or "never",
+            _when(c["filled_at"]) or NO_FILL,
         )
         for c in report["columns"]
     ]
@@ -139,6 +150,8 @@ def audit_table(report: dict[str, Any]) -> str:
     fmt = "  ".join(f"{{:<{w}}}" for w in widths[:-1]) + "  {}"
     out = [fmt.format(*headers)] + [fmt.format(*line) for line in lines] if lines else []
     out.append(plural(len(lines), "column"))
+    if any(line[-1] == NO_FILL for line in lines):
+        out.append(NO_FILL_MEANS)
     last = report["last_read"]
     if last is None:
         out.append("last read: none yet")

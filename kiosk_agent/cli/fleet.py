@@ -45,7 +45,7 @@ from kiosk_agent.cli.contract import (
     wants_json,
     zero_or_more_seconds,
 )
-from kiosk_agent.moments import optional_timestamp
+from kiosk_agent.moments import display_time, optional_timestamp
 from kiosk_agent.money import format_cents
 
 # The checks (doctor.py, verdicts.py), the configuration and aiohttp are imported by the
@@ -736,7 +736,15 @@ def format_health(report: dict[str, Any], now: float | None = None) -> str:
         from kiosk_agent.health.readers import availability
 
         # the status page's words: how many readers can take cards
-        lines.append(f"cards:    {availability(snapshot)['summary']}")
+        cards = availability(snapshot)["summary"]
+        # A trigger's link down (its name "platform:name"; the audit port's is "dex"): the
+        # reader takes cards at the service, but the machine cannot ask the agent for a sale.
+        cut = [link["name"] for link in snapshot.get("links", [])
+               if not link.get("healthy", True) and ":" in link["name"]]
+        if cut:
+            cards += (f" at the service, but no customer can pay on {', '.join(cut)}: the "
+                      "machine cannot reach the agent (link below)")
+        lines.append(f"cards:    {cards}")
     for terminal in snapshot.get("terminals", []):
         state = {True: "online", False: "OFFLINE", None: "unchecked"}[terminal.get("online")]
         latency = terminal.get("latency_ms")
@@ -759,12 +767,19 @@ def format_health(report: dict[str, Any], now: float | None = None) -> str:
         lines.append(f"journal:  NOT WRITABLE {snapshot['journal'].get('detail', '')}")
     for link in snapshot.get("links", []):
         mark = "" if link.get("healthy") else "  <-"
-        lines.append(f"link:     {link['name']:<12} {link['state']} {link.get('detail', '')}{mark}")
+        since = ("" if link.get("healthy") or not link.get("since")  # ISO 8601 in the JSON
+                 else f" since {display_time(link['since'])}")
+        lines.append(f"link:     {link['name']:<12} {link['state']}{since} "
+                     f"{link.get('detail', '')}{mark}")
     audit = snapshot.get("audit") or {}
     if audit.get("books_reset"):  # the machine's books reset: no problem, said beside them
         lines.append(f"audit:    {audit['books_reset']}")
+    # a link's problem is its link line above (health's words, model.py): said once
+    said = {f"link {link['name']} {link['state']} {link.get('detail', '')}".strip()
+            for link in snapshot.get("links", [])}
     for problem in snapshot.get("problems", []):
-        lines.append(f"problem:  {problem}")
+        if problem not in said:
+            lines.append(f"problem:  {problem}")
     return "\n".join(lines)
 
 

@@ -313,9 +313,7 @@ class SerialLink:
                     # a port another process holds, once it lets go.
                     delay = min(delay, self.settings.appear_poll)
                 attempt += 1
-                self._set_state(
-                    LinkState.DISCONNECTED, f"cannot open {self.settings.port}: {err}"
-                )
+                self._set_state(LinkState.DISCONNECTED, self._open_failed_words(err))
                 await asyncio.sleep(delay)
                 continue
             attempt = 0
@@ -325,6 +323,21 @@ class SerialLink:
                 return
             self.stats.reconnects += 1
             self._set_state(LinkState.DISCONNECTED, why)
+
+    def _open_failed_words(self, err: BaseException) -> str:
+        """What a tech reads on the link line when the port would not open. A device that is
+        not there (the adapter unplugged, its cable or the adapter failed) is named by the path
+        configured, with what to check, in place of pyserial's text (which says ``[Errno 2]``
+        twice and nothing of a cable); any other failure keeps its own words."""
+        port = self.settings.port
+        if not self._port_missing(err):
+            return f"cannot open {port}: {err}"
+        what = str(err) if "no port matches" in str(err) else f"{port} is not there"
+        return (
+            f"adapter not found: {what} (unplugged, or its cable or adapter failed); check the "
+            "USB cable and the adapter, `ls /dev/serial/by-id/` lists the adapters plugged in; "
+            "the agent opens it again as soon as it appears"
+        )
 
     def _port_missing(self, err: BaseException) -> bool:
         if "://" in self.settings.port:

@@ -42,6 +42,11 @@ Told = Callable[[str, Mapping[str, Any]], None]
 
 _LOGGER = logging.getLogger("kiosk_agent.sales.recovery")  # its lines, as before the move
 
+# A sale whose money call never left because its request step could not be journaled: ended
+# at once, where it waited the call's answer window (17 s on a unit, its reader held out).
+UNSENT_WHY = ("the {} was never sent: the journal could not write its request (disk full or "
+              "read-only); no money moved")
+
 
 class SaleRecoverer:
     """Drives open sales to an end on one sale context (the service, settings and clock)."""
@@ -53,11 +58,18 @@ class SaleRecoverer:
         self.unheard = unheard
         self.told = told
 
-    async def recover(self, steps: SaleSteps) -> SaleEvent:
-        """Drive one open sale to an end."""
+    async def recover(self, steps: SaleSteps, *, unsent: bool = False) -> SaleEvent:
+        """Drive one open sale to an end. ``unsent``: its money call (``authorize.request``,
+        ``charge_card.request``) was journaled only from memory once the journal took writes
+        again, and no earlier one was on disk: it never left (a call is sent only once its step
+        is on disk), so no charge can exist and none is waited for."""
         record = steps.record
         steps.step(Step.RECOVERY_START, detail={"state": record.state.value})
         state = record.state
+        if (unsent and state in (SaleState.AUTHORIZING, SaleState.CHARGING)
+                and record.trans_id is None):
+            call = "authorization" if state is SaleState.AUTHORIZING else "charge"
+            return steps.finish(SaleState.FAILED, Step.RECOVERY_DONE, UNSENT_WHY.format(call))
         if state is SaleState.STARTED:
             return steps.finish(
                 SaleState.FAILED, Step.RECOVERY_DONE, "interrupted before any payment"

@@ -30,7 +30,7 @@ from kiosk_agent.sales.journal import Journal, JournalError, SaleMoved, SaleReco
 from kiosk_agent.sales.kinds import CARD_FIRST_PLATFORMS
 from kiosk_agent.sales.late_vends import maybe_note
 from kiosk_agent.sales.model import UNHEARD_ENDS, DispenseStatus, Flow, SaleEvent, unheard_end
-from kiosk_agent.sales.runner import SaleRunner
+from kiosk_agent.sales.runner import VEND_DENIED_UNWRITTEN, SaleRunner
 from kiosk_agent.sales.states import SaleState, Step, TransitionRefused
 from kiosk_agent.sales.steps import SaleContext, SaleSteps
 from kiosk_agent.tasks import cancel_and_wait
@@ -84,6 +84,12 @@ def unheard_vend(record: SaleRecord, steps: list[StepRecord]) -> tuple[str, int]
     if not approved_by_request(record, steps):
         return None  # card first, nothing chosen: no vend approved
     return record.product or "", record.amount_cents
+
+
+# What the sale ends with when its vend was refused because the journal took no writes: no vend
+# was approved, nothing vended, the money's hold given back as any sale not dispensed.
+DENIED_UNWRITTEN_WHY = ("vend refused before it was approved: the journal could not be written "
+                        "(disk full or read-only); nothing vended")
 
 
 class Choice(NamedTuple):
@@ -299,14 +305,16 @@ class Recovery:
                     _LOGGER.error("sale %s: not marked attention: %s", record.sale_id, refused)
         return events
 
-    async def recover(self, steps: SaleSteps) -> SaleEvent:
+    async def recover(self, steps: SaleSteps, *, unsent: bool = False) -> SaleEvent:
         """Drive one open sale to an end (sales/recover_sale.py: imported by the first sale
-        recovered, which most starts never find)."""
+        recovered, which most starts never find). ``unsent``: no money call of this sale ever
+        left (sales/unwritten.py proves it), so no answer is waited for."""
         from kiosk_agent.sales.recover_sale import SaleRecoverer
 
         return await SaleRecoverer(self.context, dispensing=self._dispensing,
                                    unheard=self._unheard,
-                                   told=self.runner.late_vends.noted).recover(steps)
+                                   told=self.runner.late_vends.noted).recover(steps,
+                                                                              unsent=unsent)
 
     def _hearing(self, record: SaleRecord) -> tuple[float, int] | None:
         """Until when (this boot's monotonic time) ``record``'s vend is listened for, and the
@@ -359,6 +367,8 @@ class Recovery:
         vend = self.runner.restart_vend(record.sale_id)
         try:
             if vend is None:
+                if self._denied_unwritten(record.sale_id):
+                    why = DENIED_UNWRITTEN_WHY
                 return await self._given_back(steps, held_or_none, why)
             if not vend.heard.done():
                 left = max(0.0, vend.due - self.clock.monotonic())
@@ -397,6 +407,14 @@ class Recovery:
                 "dispensed (the machine said so after the restart); paid",
                 vended_cents=cents, detail=heard)
         return await steps.capture(cents, heard)
+
+    def _denied_unwritten(self, sale_id: str) -> bool:
+        """The machine was told no because the vend's approval (``dispense.request``, card
+        first ``dispense.chosen``) could not be journaled: the runner held that end with the
+        sale (``VEND_DENIED_UNWRITTEN``), written once the journal took writes again."""
+        return any(s.step == Step.DISPENSE_RESULT
+                   and s.detail.get("detail") == VEND_DENIED_UNWRITTEN
+                   for s in self.journal.steps(sale_id))
 
     async def _given_back(self, steps: SaleSteps, held_or_none: HeldOrNone,
                           why: str) -> SaleEvent:

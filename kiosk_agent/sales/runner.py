@@ -681,6 +681,11 @@ class SaleRunner:
             await asyncio.gather(*pending, return_exceptions=True)
 
 
+# The machine's end held with a sale whose vend's approval could not be journaled (``_strand``):
+# recovery reads it back to say what happened, not "interrupted" (a crash's words).
+VEND_DENIED_UNWRITTEN = "denied: journal not writable"
+
+
 async def _strand(
     flow: SaleFlow, err: JournalError, keep: Callable[[SaleSteps], None]
 ) -> SaleEvent:
@@ -701,7 +706,7 @@ async def _strand(
         # was just told no: its end is known. Held with the sale, so that the journal, once
         # back, does not read a vend left in flight (recovery told a person it "may have
         # dispensed": 2026-11-30, i42-newcomer, an MDB card-first sale on a full disk)
-        denied = DispenseOutcome(DispenseStatus.CANCELLED, detail="denied: journal not writable")
+        denied = DispenseOutcome(DispenseStatus.CANCELLED, detail=VEND_DENIED_UNWRITTEN)
         flow.held = [*flow.held, HeldStep(Step.DISPENSE_RESULT, None, outcome_detail(denied))]
     why = f"not journaled yet ({err}); finished once the journal is back"
     flow.unwritten = dataclasses.replace(flow.unwritten, message=why)

@@ -21,7 +21,7 @@ from kiosk_agent.sales.journal import Journal, JournalError, SaleMoved, SaleReco
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.recovery import Recovery
 from kiosk_agent.sales.runner import SaleRunner
-from kiosk_agent.sales.states import SaleState, Step, TransitionRefused
+from kiosk_agent.sales.states import REQUEST_STEPS, SaleState, Step, TransitionRefused
 from kiosk_agent.sales.steps import SaleSteps
 from kiosk_agent.tasks import BackgroundTask
 
@@ -114,6 +114,7 @@ class UnwrittenSales:
     async def _finish(self, steps: SaleSteps) -> SaleEvent | None:
         sale_id = steps.record.sale_id
         wanted = steps.unwritten or steps.record
+        unsent = self._never_sent(steps)
         try:
             steps.record = self.journal.restore(
                 sale_id, steps.held, RESTORED_STEP, {"state": wanted.state.value}
@@ -139,7 +140,7 @@ class UnwrittenSales:
             if steps.record.state.final:
                 event = steps.publish(RESTORED_STEP)
             else:
-                event = await self.recovery.recover(steps)
+                event = await self.recovery.recover(steps, unsent=unsent)
         except JournalError:  # the journal failed again: kept, tried again
             self.keep(steps)
             return None
@@ -151,6 +152,20 @@ class UnwrittenSales:
                 )
         self._let_go(steps)
         return event
+
+    def _never_sent(self, steps: SaleSteps) -> bool:
+        """Memory holds the sale's money request (``REQUEST_STEPS``) and the journal holds none
+        of its own before this restore: that call never left, as every money call is sent only
+        once its step is on disk. A request on disk, from this attempt or an earlier one, may
+        have been sent: then not (recovery waits its answer's deadline, as after a crash); so
+        too when the journal cannot be read."""
+        if not any(held.step in REQUEST_STEPS for held in steps.held):
+            return False
+        try:
+            on_disk = self.journal.steps(steps.record.sale_id)
+        except JournalError:
+            return False
+        return not any(step.step in REQUEST_STEPS for step in on_disk)
 
     def _decided_elsewhere(self, steps: SaleSteps, moved: SaleMoved) -> SaleEvent | None:
         """Another writer (``kiosk-agent sales resolve``, a tech's shell) decided the sale on

@@ -228,6 +228,9 @@ async def test_doctor_checks_run_from_the_agent_with_their_fixes(
     )
     assert checks["ping SIM-0007"]["verdict"] == "PASS"
     assert report["failed"] == 1
+    # its count is the running agent's modules, and says so (the command's is named its own)
+    assert "modules of the agent, pydantic and asyncio that the running agent loaded" in (
+        checks["bytecode"]["detail"])
     async with api.get("/api/doctor") as r:
         assert (await r.json())["finished_at"] == report["finished_at"]
 

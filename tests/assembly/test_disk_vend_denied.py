@@ -75,6 +75,11 @@ async def test_a_choice_made_on_a_full_disk_is_denied_and_never_told_as_a_maybe_
     assert record is not None
     assert (record.state, record.captured_cents, record.reversed_cents) == (
         SaleState.REVERSED, 0, 500)
+    # what happened, in the words a tech reads (`sales`): not a crash's "interrupted"
+    assert record.message.startswith(
+        "vend refused before it was approved: the journal could not be written (disk full or "
+        "read-only); nothing vended"), record.message
+    assert "interrupted" not in record.message
     [row] = await ledger(agent.service, sale.order_id)
     assert row.status is TransStatus.VOIDED  # the hold released, as the journal says
     steps = [s.step for s in agent.journal.steps(sale.sale_id)]
@@ -113,7 +118,42 @@ async def test_a_vend_whose_request_met_a_full_disk_is_denied_and_never_told_as_
     record = agent.journal.get(sale.sale_id)
     assert record is not None
     assert record.state is SaleState.REVERSED
+    assert record.message == ("vend refused before it was approved: the journal could not be "
+                              "written (disk full or read-only); nothing vended; $2.50 voided")
     steps = [s.step for s in agent.journal.steps(sale.sale_id)]
     assert Step.LATE_VEND not in steps
     assert (agent.health.snapshot().sales.late_vends,
             agent.health.snapshot().sales.maybe_dispensed) == (0, 0)
+
+
+async def test_an_authorization_whose_request_met_a_full_disk_was_never_sent_and_ends_at_once(
+    agent: Agent, disk: Path,  # noqa: F811
+) -> None:
+    """The disk fills as the card is read: the `authorize.request` step cannot be written, so
+    the authorization is never sent (journal first). Once space returns the sale is written
+    again and ends "no charge" without waiting the authorization's answer window (before: 17 s
+    on a real unit, its reader out of service meanwhile), and nothing is held at the service."""
+    machine = ScriptedDispenser()
+    filler = asyncio.create_task(fill_at(agent, "read_card.accepted", disk))
+    sale = await agent.sales.start(
+        SaleRequest(source="test", flow=Flow.AUTHORIZE_CAPTURE, amount_cents=250,
+                    product="A1"), machine)
+    held = await asyncio.wait_for(sale.result(), 20)
+    await filler
+    assert held.unwritten
+    assert machine.authorized == []
+    assert await ledger(agent.service, sale.order_id) == []  # never sent: no row at the service
+    free(disk)
+    waited = await until(lambda: not agent.unwritten.sale_ids, 30)
+    record = agent.journal.get(sale.sale_id)
+    assert record is not None
+    steps = [s.step for s in agent.journal.steps(sale.sale_id)]
+    assert (record.state, record.message) == (
+        SaleState.FAILED, "the authorization was never sent: the journal could not write its "
+        "request (disk full or read-only); no money moved")
+    # written again from memory, then ended: no wait for an answer that cannot come
+    assert steps[-4:] == [Step.READ_CARD_DONE, Step.AUTHORIZE_REQUEST, Step.RECOVERY_START,
+                          Step.RECOVERY_DONE]
+    assert waited < 10.0  # was 25.0 s here, the simulator's answer window (load 3.6)
+    assert await ledger(agent.service, sale.order_id) == []  # still nothing at the service
+    await until(lambda: agent.health.snapshot().availability[0].available, 5)  # back in service

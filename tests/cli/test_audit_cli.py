@@ -296,3 +296,27 @@ def test_sales_before_the_first_clean_read_are_said_in_no_interval_never_dropped
         "Z: the journal's 2 card vends worth $4.00 in no interval (vended before a read taken "
         "while no sale of the machine ran)"), line
     assert "; before 20" in line
+
+
+def test_a_column_with_no_refill_recorded_says_what_its_figures_count_from(
+    config: Path, books: Journal, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`FILLED never` after a demo read as a machine never filled, though its machine starts
+    full: the cell says no refill was recorded, and a line what SOLD and LEFT count from."""
+    assert main(["audit", "-c", str(config)]) == 0
+    out = capsys.readouterr().out
+    [a1] = [line for line in out.splitlines() if line.startswith("A1 ")]
+    assert a1.endswith("  not recorded")
+    assert "never" not in out
+    assert ("FILLED: the last refill recorded (`kiosk-agent audit fill`; the demo's machine "
+            "records one when every column is sold out); not recorded: SOLD and LEFT count from "
+            "the first read, the column taken as full then") in out
+    # every column refilled: each its time, and no such line
+    assert main(["audit", "fill", "--all", "-c", str(config)]) == 0
+    capsys.readouterr()
+    assert main(["audit", "-c", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "not recorded" not in out
+    assert "FILLED: " not in out
+    [a1] = [line for line in out.splitlines() if line.startswith("A1 ")]
+    assert a1.split()[-1].endswith("Z")
