@@ -13,7 +13,7 @@ command over its stdin and answering one JSON line a command on its stdout:
     {"op": "line_trips", "count": N} -> {"seconds": [...]}   (the floor's bare pty line)
     {"op": "sale_trips", "requests": [[cents, product], ...]}
                                      -> {"seconds": [...], "answers": [...]}  (the bare sales
-                                        before 2026-11-30 07:00 UTC: their ends not heard)
+                                        before i42-floor-end (2026-11-30): their ends not heard)
     {"op": "bare_customer", "cents": C, "product": P}
                                      -> {"seconds": s, "answer": ...}  (one whole bare sale)
     {"op": "stop"}                   -> {}
@@ -23,7 +23,7 @@ child writes the vend request on its end (passed as ``--line-fd``) and waits for
 the parent's event loop writes back on the other end as soon as it reads the request
 (:meth:`ControllerProcess.line_trips`). ``sale_trips`` writes a vend request of each amount and
 product on the same line and reads the answer the parent's bare sale writes back, one after
-the other with nothing more on the line (the floor until 2026-11-30 07:00 UTC, still timed:
+the other with nothing more on the line (the floor until i42-floor-end (2026-11-30), still timed:
 bench/hardware.py's ``*_no_end`` figures). ``bare_customer`` is one customer of the whole bare
 sale (:class:`BareMachine`), made as the virtual controller makes the agent's (its ``_sell``):
 the vend request written, the answer awaited, and after ``C,VEND`` the vend's success line and
@@ -126,7 +126,7 @@ class ControllerProcess:
         written -> answer read, in the child) and the answer it read. ``ends``: one command a
         customer (``bare_customer``), the child writing the vend's result after ``C,VEND`` as
         the machine does, and every sale's end awaited here before the reader goes; else the
-        floor before 2026-11-30 07:00 UTC, the requests one after the other in one command
+        floor before i42-floor-end (2026-11-30), the requests one after the other in one command
         (``sale_trips``) with nothing more on the line."""
         line = BareLine(self._line_adapter, program)
         try:

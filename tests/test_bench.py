@@ -613,7 +613,7 @@ async def test_the_hardware_benchs_bare_sale_keeps_the_journals_promise_and_no_m
     agent's Journal, each write-ahead commit fsynced before the call or the line it announces
     (create -> read_card, the card read -> charge, the approval -> C,VEND; a decline's end ->
     C,STOP), and makes no other commit, call or answer inside the window. Here as the floor was
-    until 2026-11-30 07:00 UTC (``ends=False``, still timed beside the whole one): its sales'
+    until i42-floor-end (2026-11-30) (``ends=False``, still timed beside the whole one): its sales'
     ends written after the series."""
     from kiosk_agent.sim.server import SimOptions, SimServer
 
@@ -701,7 +701,7 @@ async def test_the_hardware_benchs_bare_sale_is_whole_to_its_end(tmp_path: Path)
     capture request in a commit fsynced before the capture is asked, asks the capture once,
     through the same client, and commits the completion without an fsync of its own; the
     simulator's ledger holds exactly those captures. A decline's end is as before. On the floor
-    before 2026-11-30 07:00 UTC no vend result was heard and no capture asked."""
+    before i42-floor-end (2026-11-30) no vend result was heard and no capture asked."""
     from kiosk_agent.service.models.statuses import TransStatus
     from kiosk_agent.sim.server import SimOptions, SimServer
 
