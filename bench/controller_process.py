@@ -12,16 +12,24 @@ command over its stdin and answering one JSON line a command on its stdout:
     {"op": "customer", "product": P} -> {"outcome": ..., "requested_at": s, "answered_at": s}
     {"op": "line_trips", "count": N} -> {"seconds": [...]}   (the floor's bare pty line)
     {"op": "sale_trips", "requests": [[cents, product], ...]}
-                                     -> {"seconds": [...], "answers": [...]}  (the bare sales)
+                                     -> {"seconds": [...], "answers": [...]}  (the bare sales
+                                        before i42-floor-end (2026-11-30): their ends not heard)
+    {"op": "bare_customer", "cents": C, "product": P}
+                                     -> {"seconds": s, "answer": ...}  (one whole bare sale)
     {"op": "stop"}                   -> {}
 
 ``line_trips`` times the floor's one line each way over a bare pty across the same boundary: the
 child writes the vend request on its end (passed as ``--line-fd``) and waits for the answer, which
 the parent's event loop writes back on the other end as soon as it reads the request
 (:meth:`ControllerProcess.line_trips`). ``sale_trips`` writes a vend request of each amount and
-product on the same line and reads the answer the parent's bare sale writes back
-(:meth:`ControllerProcess.bare_sales`; bench/hardware.py's whole floor). Times are the monotonic
-clock's, read in the child.
+product on the same line and reads the answer the parent's bare sale writes back, one after
+the other with nothing more on the line (the floor until i42-floor-end (2026-11-30), still timed:
+bench/hardware.py's ``*_no_end`` figures). ``bare_customer`` is one customer of the whole bare
+sale (:class:`BareMachine`), made as the virtual controller makes the agent's (its ``_sell``):
+the vend request written, the answer awaited, and after ``C,VEND`` the vend's success line and
+the machine's status lines (after ``C,STOP`` its status), each its own write; one command a
+customer, as ``customer`` is, so that the next request comes when the agent's would
+(:meth:`ControllerProcess.bare_sales`). Times are the monotonic clock's, read in the child.
 """
 
 from __future__ import annotations
@@ -33,9 +41,9 @@ import os
 import sys
 import time
 import tty
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from kiosk_agent.platforms import mdb_protocol as wire
 from kiosk_agent.sim.machine import ControllerOptions, VirtualController
@@ -43,6 +51,14 @@ from kiosk_agent.sim.machine import ControllerOptions, VirtualController
 # the floor's line: the controller's vend request and the agent's approve, as the wire has them
 VEND_REQUEST = (wire.vend_request_line(250, "A2") + "\n").encode()  # 22 bytes
 VEND_APPROVE = (wire.approve_vend(250) + "\n").encode()  # 12 bytes
+VEND_REQUEST_FIELDS = VEND_REQUEST.split(b",")[:3]  # c,STATUS,VEND
+# what the virtual controller writes after a vend (its _sell): the result, then its status
+ENABLED_LINE = (wire.status_line(wire.ControllerStatus.ENABLED) + "\n").encode()
+VEND_RESULT_LINES = (
+    (wire.VEND_SUCCESS_LINE + "\n").encode(),
+    (wire.status_line(wire.ControllerStatus.IDLE) + "\n").encode(),
+    ENABLED_LINE,
+)
 
 
 @dataclass(slots=True)
@@ -103,41 +119,28 @@ class ControllerProcess:
         return seconds
 
     async def bare_sales(
-        self, requests: list[tuple[int, str]], sell: Callable[[list[bytes]], Awaitable[bytes]]
+        self, requests: list[tuple[int, str]], program: BareProgram, *, ends: bool = True
     ) -> list[tuple[float, str]]:
         """Each request's vend request line written by the child on the floor's line and read
-        here as the agent reads its pty (this loop's reader, a plain ``os.read``, the line split
-        on commas, no parser); ``sell`` is handed the split line, in a task of its own as the
-        agent's sale runs in one, and its answer written back. Each trip's seconds (request
-        written -> answer read, in the child) and the answer it read."""
-        loop = asyncio.get_running_loop()
-        buffer = bytearray()
-        sales: set[asyncio.Task[None]] = set()
-        failed: list[Exception] = []
-
-        async def serve(fields: list[bytes]) -> None:
-            try:
-                os.write(self._line_adapter, await sell(fields))
-            except Exception as exc:  # the child waits for an answer: raised once it has one
-                failed.append(exc)
-                os.write(self._line_adapter, b"failed\n")
-
-        def read() -> None:
-            buffer.extend(os.read(self._line_adapter, 64))
-            while (end := buffer.find(b"\n")) >= 0:
-                sale = loop.create_task(serve(bytes(buffer[:end]).split(b",")))
-                sales.add(sale)
-                sale.add_done_callback(sales.discard)
-                del buffer[: end + 1]
-
-        loop.add_reader(self._line_adapter, read)
+        here by the bare program's reader (:class:`BareLine`); each trip's seconds (request
+        written -> answer read, in the child) and the answer it read. ``ends``: one command a
+        customer (``bare_customer``), the child writing the vend's result after ``C,VEND`` as
+        the machine does, and every sale's end awaited here before the reader goes; else the
+        floor before i42-floor-end (2026-11-30), the requests one after the other in one command
+        (``sale_trips``) with nothing more on the line."""
+        line = BareLine(self._line_adapter, program)
         try:
-            answer = await self._call("sale_trips", requests=requests)
+            if not ends:
+                answer = await self._call("sale_trips", requests=requests)
+                return list(zip(answer["seconds"], answer["answers"], strict=True))
+            trips = []
+            for cents, product in requests:  # as the agent's customers: one call each
+                answer = await self._call("bare_customer", cents=cents, product=product)
+                trips.append((answer["seconds"], answer["answer"]))
+            await line.finished()
+            return trips
         finally:
-            loop.remove_reader(self._line_adapter)
-        if failed:
-            raise RuntimeError("a bare sale failed") from failed[0]
-        return list(zip(answer["seconds"], answer["answers"], strict=True))
+            line.close()
 
     async def stop(self) -> None:
         try:
@@ -161,6 +164,124 @@ class ControllerProcess:
         if "error" in answer:
             raise RuntimeError(f"the controller process failed {op!r}: {answer['error']}")
         return answer
+
+
+class BareProgram(Protocol):
+    """What a bare program on the floor's line does: bench/hardware.py's ``BareSale``."""
+
+    def waits(self) -> None:
+        """A vend request is read: its customer waits from now until its answer is written."""
+
+    async def sell(self, fields: list[bytes], answer: Callable[[bytes], None]) -> None:
+        """A vend request line, split on commas: the sale, its answer written by ``answer``."""
+
+    def heard(self, fields: list[bytes]) -> None:
+        """Any other line from the machine (its vend result, its status), split on commas."""
+
+
+class BareLine:
+    """The bare program's end of the floor's line, read as the agent reads its pty: one reader
+    on the descriptor (a plain ``os.read``), each line split on commas (no parser). A vend
+    request is told to the program (its customer waits from the read on) and starts a sale in
+    a task of its own, as the agent's sale runs in one; any other line is handed to the program
+    as it comes. A sale that fails before its answer answers
+    ``failed`` (the machine waits for one); the failure is raised at :meth:`close`."""
+
+    def __init__(self, fd: int, program: BareProgram) -> None:
+        self.fd, self.program = fd, program
+        self.sales: set[asyncio.Task[None]] = set()
+        self.failed: list[Exception] = []
+        self._buffer = bytearray()
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(fd, self._read)
+
+    def _read(self) -> None:
+        buffer = self._buffer
+        buffer.extend(os.read(self.fd, 64))
+        while (end := buffer.find(b"\n")) >= 0:
+            fields = bytes(buffer[:end]).split(b",")
+            del buffer[: end + 1]
+            if fields[:3] == VEND_REQUEST_FIELDS:
+                self.program.waits()  # from the read on, before its task's first step
+                sale = self._loop.create_task(self._serve(fields))
+                self.sales.add(sale)
+                sale.add_done_callback(self.sales.discard)
+                continue
+            try:
+                self.program.heard(fields)
+            except Exception as exc:  # a line the program cannot take: raised at close
+                self.failed.append(exc)
+
+    async def _serve(self, fields: list[bytes]) -> None:
+        answered = False
+
+        def answer(data: bytes) -> None:
+            nonlocal answered
+            os.write(self.fd, data)
+            answered = True
+
+        try:
+            await self.program.sell(fields, answer)
+        except Exception as exc:  # the machine waits for an answer: raised once it has one
+            self.failed.append(exc)
+            if not answered:
+                os.write(self.fd, b"failed\n")
+
+    async def finished(self, within: float = 10.0) -> None:
+        """Once every sale started has ended (its vend result heard, its capture answered)."""
+        async with asyncio.timeout(within):
+            while self.sales:
+                await asyncio.wait(set(self.sales))
+
+    def close(self) -> None:
+        self._loop.remove_reader(self.fd)
+        for sale in self.sales:
+            sale.cancel()
+        if self.failed:
+            raise RuntimeError("a bare sale failed") from self.failed[0]
+
+
+class BareMachine:
+    """The machine's end of the floor's line for the whole bare sale: one customer at a time
+    as :class:`~kiosk_agent.sim.machine.VirtualController` makes the agent's (its ``_sell``,
+    with the bench's dispense time of 0): the vend request written, the answer awaited; after
+    ``C,VEND``, a turn of the loop, then the vend's success line, the IDLE status and the
+    ENABLED status, each its own write; after ``C,STOP`` the ENABLED status. One reader on the
+    descriptor for the machine's life, as the virtual controller keeps on its pty."""
+
+    def __init__(self, fd: int) -> None:
+        os.set_blocking(fd, False)
+        self.fd = fd
+        self._buffer = bytearray()
+        self._answer: asyncio.Future[str] | None = None
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(fd, self._read)
+
+    def _read(self) -> None:
+        self._buffer.extend(os.read(self.fd, 4096))
+        while (end := self._buffer.find(b"\n")) >= 0:
+            line = self._buffer[:end].decode()
+            del self._buffer[: end + 1]
+            if self._answer is not None and not self._answer.done():
+                self._answer.set_result(line)
+
+    async def customer(self, cents: int, product: str) -> tuple[float, str]:
+        """One customer: seconds from the request written to the answer read, and the answer."""
+        self._answer = answered = self._loop.create_future()
+        started = time.monotonic()
+        os.write(self.fd, (wire.vend_request_line(cents, product) + "\n").encode())
+        answer = await answered
+        seconds = time.monotonic() - started
+        if answer.startswith("C,VEND,"):
+            await asyncio.sleep(0)  # the virtual controller's dispense time, 0 in the bench
+            for line in VEND_RESULT_LINES:
+                os.write(self.fd, line)
+        elif answer == wire.deny_vend():
+            os.write(self.fd, ENABLED_LINE)
+        return seconds, answer
+
+    def close(self) -> None:
+        self._loop.remove_reader(self.fd)
 
 
 async def read_when_ready(fd: int) -> bytes:
@@ -211,11 +332,15 @@ async def _serve(line_fd: int, products: dict[str, int]) -> None:
     commands = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(commands), sys.stdin)
     controller = VirtualController(ControllerOptions(products=products, dispense_time=0.0))
+    bare: BareMachine | None = None  # the whole bare sale's machine, on the floor's line
     try:
         while line := await commands.readline():
             command = json.loads(line)
             op = command["op"]
             answer: dict[str, Any] = {}
+            if op in ("line_trips", "sale_trips") and bare is not None:
+                bare.close()  # the line is theirs now: their own reader on it, as before
+                bare = None
             if op == "start":
                 await controller.start()
                 answer["port"] = controller.port
@@ -234,6 +359,11 @@ async def _serve(line_fd: int, products: dict[str, int]) -> None:
                 requests = [(wire.vend_request_line(cents, product) + "\n").encode()
                             for cents, product in command["requests"]]
                 answer["seconds"], answer["answers"] = await _line_trips(line_fd, requests)
+            elif op == "bare_customer":
+                if bare is None:
+                    bare = BareMachine(line_fd)
+                answer["seconds"], answer["answer"] = await bare.customer(
+                    command["cents"], command["product"])
             elif op == "stop":
                 await controller.stop()
                 print(json.dumps(answer), flush=True)
@@ -242,6 +372,8 @@ async def _serve(line_fd: int, products: dict[str, int]) -> None:
                 answer["error"] = f"no such command {op!r}"
             print(json.dumps(answer), flush=True)
     finally:
+        if bare is not None:
+            bare.close()
         await controller.stop()
 
 

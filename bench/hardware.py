@@ -17,6 +17,9 @@ journal, the mdb platform talking to the virtual vending machine controller over
    committed, the charge, the approval committed, ``C,VEND,<amount>`` written (a decline: its
    end committed, ``C,STOP``), each commit through the agent's ``Journal`` and fsynced before
    what it announces; timed by the controller as the agent's windows are, minus the card time.
+   Then, outside its window, its end as the agent's: the vend's success heard on the same line,
+   the capture request committed (fsynced) before the capture, the capture once no bare sale
+   waits for its answer, the completion committed (not fsynced; *Its end* below).
    ``latency_ratio_floor`` is the best ratio any agent that journals ahead of each step and
    speaks over a serial line can reach on this machine's disk; ``latency_ratio_above_floor`` is
    what the agent's own code adds to that: the floor is timed in blocks between the sales'
@@ -30,6 +33,25 @@ journal, the mdb platform talking to the virtual vending machine controller over
    against 0.21-0.26 in the loop; a 5-page commit 0.226 ms back to back, 0.29 after 1 ms of
    other Python). That sum is still timed and printed each run, over the same blocks:
    ``vend_answer_parts_floor_ms`` and ``latency_ratio_above_parts_floor`` (the parts below).
+   *Its end* (2026-11-30, i42-floor-end; docs/architecture.md, "Vend -> approve: the floor's
+   sale whole to its end"). Until then the bare sale stopped at its answer: it
+   never heard the vend's result, never asked the capture, and its sales' ends were written
+   after each series, untimed. The agent, with the same controller, hears the vend's success
+   and the machine's status after each ``C,VEND``, commits the confirmed vend with its capture
+   request before it captures (the capture moves money: the promise has every money step on
+   disk before it is made), sends the capture once no customer waits, and commits the
+   completion without an fsync of its own; that work, and the simulator's handling of the
+   capture on the same loop, lands inside and between the next customers' windows. The floor
+   now pays the same: the controller's child writes the virtual controller's lines after each
+   bare vend (success, IDLE, ENABLED; ENABLED after ``C,STOP``) and serves its bare customers
+   one command each, as the agent's, so the next request comes when the agent's would; the
+   bare sale's end is ``BareSale``'s (its docstring says which commits are fsynced and why).
+   The floor as it was is still timed each block on the same requests, the two in turn first:
+   ``vend_answer_floor_no_end_ms`` and ``latency_ratio_above_floor_no_end``. Six runs at load
+   1.5 or less (06:46-07:08 UTC): ``latency_ratio_above_floor`` 1.01-1.24 (median 1.13)
+   against 1.19-1.41 (1.315) for the floor as it was, the whole floor 0.05-0.63 ms higher
+   (median 0.445): the previous sale's capture exchange and completion land in the next
+   window, in the floor's as in the agent's.
    The controller runs in a process of its own (bench/controller_process.py), as the vending
    machine is another device in the field and in bench/pi.py: a customer's wait ends when the
    agent's answer is on the wire, and the floor's pty line is timed between the same two
@@ -123,7 +145,14 @@ from kiosk_agent.sim.server import SimOptions, SimServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from agent import journal_commit_times, load_average  # the sibling bench's
-from controller_process import VEND_APPROVE, VEND_REQUEST, ControllerProcess, read_when_ready
+from controller_process import (
+    VEND_APPROVE,
+    VEND_REQUEST,
+    BareLine,
+    BareMachine,
+    ControllerProcess,
+    read_when_ready,
+)
 
 # Large, so the simulator's own timer jitter around the card (a few ms at time scale 50) does not
 # count as agent latency; the nominal card time is subtracted either way.
@@ -135,6 +164,7 @@ PRODUCTS = {"A1": 150, "A2": 250, "B1": 325, "D2": 102}  # D2: ..02 cents, decli
 # (before the charge), the approval with the vend's (before C,VEND).
 COMMITS_BEFORE_APPROVE = 3
 FLOOR_COMMITS = ("create", "state", "approval")  # the floor's three, in a sale's order
+FLOOR_END_COMMITS = ("capture", "completed")  # the bare sale's end, after the answer
 DEVICE = "SIM-0001"  # the agent's terminal: the floor's direct calls use it too
 # the agent's own order ids (sales/unit.py): a unit's id and its tag key (made up here)
 FLOOR_UNIT, FLOOR_KEY = "C0A2F8FBC1", "5a" * 16
@@ -259,6 +289,7 @@ async def bench_latency(
 # what the same-loop run is printed with, for comparison with the figures read before
 SAME_LOOP_KEYS = ("vend_answer_p50_ms", "vend_answer_p99_ms", "pty_round_trip_p50_ms",
                   "vend_answer_floor_ms", "latency_ratio_above_floor",
+                  "vend_answer_floor_no_end_ms", "latency_ratio_above_floor_no_end",
                   "latency_ratio_above_floor_pooled", "latency_ratio_above_parts_floor",
                   "latency_ratio_above_update_floor")
 
@@ -281,16 +312,23 @@ async def latency_run(
 
     async def floor_block(controller: VirtualController | ControllerProcess) -> None:
         trips = max(10, 200 // blocks)
-        # the whole floor first: bare sales of the customers' choices, as the agent's block
-        bare = BareSale(commits, service)
+        # the whole floors first: bare sales of the customers' choices, as the agent's block,
+        # each whole to its end, and the same requests as the floor made them before
+        # i42-floor-end (no end heard), the two in turn first from block to block
         requests = [(PRODUCTS[p], p) for p in
                     (customers.choice(sorted(PRODUCTS)) for _ in range(max(10, sales // blocks)))]
-        whole = (await controller.bare_sales(requests, bare.sell)
-                 if isinstance(controller, ControllerProcess)
-                 else await bare_sale_trips_here(requests, bare.sell))
-        bare.end_sales()
+        whole: dict[bool, list[float]] = {}
+        bare = BareSale(commits, service)
+        for ends in (True, False) if len(floors) % 2 == 0 else (False, True):
+            program = bare if ends else BareSale(commits, service, ends=False)
+            sold = (await controller.bare_sales(requests, program, ends=ends)
+                    if isinstance(controller, ControllerProcess)
+                    else await bare_sale_trips_here(requests, program, ends=ends))
+            program.end_sales()
+            whole[ends] = [(seconds - card_s) * 1000 for seconds, _ in sold]
         floors.append({
-            "whole": [(seconds - card_s) * 1000 for seconds, _ in whole],
+            "whole": whole[True],
+            "whole_no_end": whole[False],
             **{f"whole_{key}": times for key, times in bare.commit_times.items()},
             "direct": await bench_direct_service(service, max(5, sales // 4 // blocks), rng),
             **commits.times(max(10, 200 // blocks)),
@@ -320,14 +358,16 @@ async def latency_run(
     own = {key: statistics.median(pooled[key]) * 1000 for key in FLOOR_COMMITS}
     parts_floor = direct + sum(own.values()) + line_trip
     floor = statistics.median(pooled["whole"])
+    floor_no_end = statistics.median(pooled["whole_no_end"])
     update_commit = statistics.median(pooled["commit"]) * 1000
     update_floor = direct + COMMITS_BEFORE_APPROVE * update_commit + line_trip
     # each block of sales over the floor timed just before it: the median of those
     where = "the controller on the agent's loop" if same_loop else "the controller apart"
-    print(f"vend -> approve in blocks ({where}), p50 / whole floor / parts floor timed "
-          f"before it (ms): "
+    print(f"vend -> approve in blocks ({where}), p50 / whole floor / its end not heard / parts "
+          f"floor timed before it (ms): "
           + ", ".join(
-        f"{statistics.median(block):.2f}/{block_floor(part):.2f}/{block_parts_floor(part):.2f}"
+        f"{statistics.median(block):.2f}/{block_floor(part):.2f}/"
+        f"{block_floor_no_end(part):.2f}/{block_parts_floor(part):.2f}"
         for block, part in zip(by_block, floors, strict=True)
     ), file=sys.stderr)
     return {
@@ -347,11 +387,21 @@ async def latency_run(
                                                      * 1000, 3) for key in FLOOR_COMMITS},
         **{f"floor_whole_commit_{key}_cpu_p50_ms": round(
             statistics.median(pooled[f"whole_{key}_cpu"]) * 1000, 3) for key in FLOOR_COMMITS},
+        # and its end's: the capture request (fsynced), the completion (not)
+        **{f"floor_whole_{key}_p50_ms": round(statistics.median(pooled[f"whole_{key}"]) * 1000,
+                                              3) for key in FLOOR_END_COMMITS},
+        **{f"floor_whole_{key}_cpu_p50_ms": round(
+            statistics.median(pooled[f"whole_{key}_cpu"]) * 1000, 3) for key in FLOOR_END_COMMITS},
         "vend_answer_floor_ms": round(floor, 2),
         "vend_answer_floor_p99_ms": round(percentile(pooled["whole"], 99), 2),
         "latency_ratio_floor": round(floor / direct, 2),
         "latency_ratio_above_floor": round(above(by_block, floors, block_floor), 2),
         "latency_ratio_above_floor_pooled": round(statistics.median(latencies) / floor, 2),
+        # the whole floor as it was until i42-floor-end (2026-11-30): no vend result heard, no
+        # capture asked, its sales' ends written after each series (i42-floor-end)
+        "vend_answer_floor_no_end_ms": round(floor_no_end, 2),
+        "latency_ratio_above_floor_no_end": round(above(by_block, floors, block_floor_no_end),
+                                                  2),
         # the floor as a sum of its parts each timed warm apart (until 2026-11-30 the figure)
         "vend_answer_parts_floor_ms": round(parts_floor, 2),
         "latency_ratio_parts_floor": round(parts_floor / direct, 2),
@@ -379,6 +429,12 @@ def above(
 def block_floor(part: dict[str, list[float]]) -> float:
     """A block's floor in ms: its bare sales' p50 (:class:`BareSale`), minus the card time."""
     return statistics.median(part["whole"])
+
+
+def block_floor_no_end(part: dict[str, list[float]]) -> float:
+    """A block's floor as made until i42-floor-end (2026-11-30), in ms: the same bare sales with no
+    vend result heard, no capture asked, their ends written after the series."""
+    return statistics.median(part["whole_no_end"])
 
 
 def block_parts_floor(part: dict[str, list[float]]) -> float:
@@ -528,36 +584,116 @@ def _write_ahead(
 
 class BareSale:
     """The whole floor's sale: the least program that keeps the journal's promise, on the
-    controller's vend request line and nothing more (2026-11-30, i41-floor-whole). The line
-    split on commas (no parser); the create committed (the sale with its card request) before
-    the read-card is sent, the card awaited through the client, the card read committed with the
-    authorization's request before the charge, the approval committed with the vend's request
-    before ``C,VEND,<amount>`` is written (a decline: its end committed before ``C,STOP``, as the
-    flow's ``_fail``). Each commit through :class:`SaleCommits`' ``Journal``, fsynced, the steps
-    of :func:`_write_ahead`. The sale's end (capture, completed) is written after a series,
-    untimed, as :class:`SaleCommits` writes it after each sale; no capture is asked."""
+    controller's line and nothing more (2026-11-30, i41-floor-whole; its end, i42-floor-end).
+    The line split on commas (no parser); the create committed (the sale with its card request)
+    before the read-card is sent, the card awaited through the client, the card read committed
+    with the authorization's request before the charge, the approval committed with the vend's
+    request before ``C,VEND,<amount>`` is written (a decline: its end committed before
+    ``C,STOP``, as the flow's ``_fail``). Then, as the agent's sale: the machine's vend result
+    heard on the same line (``c,VEND,SUCCESS``; its status lines read and let be), the confirmed
+    vend committed with its capture request (``capture.request``), the capture asked through
+    the same client once no bare sale is between its request read and its answer written (the
+    plainest form of the agent's rule, sales/answers.py: no bound, no turns), and ``completed``
+    committed on its answer.
 
-    def __init__(self, commits: SaleCommits, service: ServiceClient) -> None:
-        self.journal, self.service = commits.journal, service
-        self.open: list[SaleRecord] = []  # approved, their end not yet written
-        # each write-ahead commit's wall and thread CPU seconds, as made between the calls
+    Fsynced: the three write-ahead commits and a decline's end, each before the call or the
+    line it announces, and the capture request, before the capture: the capture moves money,
+    and the promise (docs/journal.md) has every money step on disk before it is made, so that a
+    power cut after the send finds the vend confirmed and the capture asked (recovery settles
+    it by reporting) and never a vend the journal holds as unheard. Not fsynced
+    (``synchronous=NORMAL``, its transaction alone): ``completed``, which announces nothing and
+    moves no money: a kill keeps it, a power cut leaves ``capturing`` for recovery to find in
+    reporting, and the next fsynced commit (the next sale's create) makes it durable. That is the
+    least the promise asks: the agent commits ``completed`` the same way and fsyncs it before it
+    publishes it, which the bare sale does not (it announces nothing). The agent commits the
+    capture request without an fsync and makes it durable by the next sale's fsynced commit when
+    it comes within two turns, else by its own; the bare sale fsyncs it at once, on its own.
+    Each commit through :class:`SaleCommits`' ``Journal``, the write-ahead ones the steps of
+    :func:`_write_ahead`. ``ends`` False: the floor until i42-floor-end (2026-11-30) (no vend result
+    heard, no capture asked; :meth:`end_sales` writes the approved sales' ends after a series,
+    untimed), still timed beside it (``*_no_end``)."""
+
+    def __init__(self, commits: SaleCommits, service: ServiceClient, *, ends: bool = True) -> None:
+        self.journal, self.service, self.ends = commits.journal, service, ends
+        self.open: list[SaleRecord] = []  # without ends: approved, their end not yet written
+        # each commit's wall and thread CPU seconds, as made between the calls
         self.commit_times: dict[str, list[float]] = {}
+        self.waiting = 0  # bare sales between their request read and their answer written
+        self.none_waiting = asyncio.Event()
+        self.none_waiting.set()
+        self._vend: asyncio.Future[bool] | None = None  # the vend whose result the machine owes
 
-    def _commit(self, name: str, sale: SaleRecord, trans_id: str | None = None) -> SaleRecord:
-        """One of :func:`_write_ahead`'s commits, fsynced, its wall and thread CPU kept."""
+    def _timed(self, name: str, write: Callable[[], SaleRecord]) -> SaleRecord:
+        """One commit (``write``), its wall and thread CPU kept under ``name``."""
         started, cpu = time.perf_counter(), time.thread_time()
-        with self.journal.batch():
-            sale = _write_ahead(self.journal, name, sale, trans_id)
+        sale = write()
         ended, cpu = time.perf_counter(), time.thread_time() - cpu
         self.commit_times.setdefault(name, []).append(ended - started)
         self.commit_times.setdefault(f"{name}_cpu", []).append(cpu)
         return sale
 
-    async def sell(self, fields: list[bytes]) -> bytes:
-        """``c,STATUS,VEND,<amount>,<product>`` split -> the answer line to write."""
+    def _commit(self, name: str, sale: SaleRecord, trans_id: str | None = None) -> SaleRecord:
+        """One of :func:`_write_ahead`'s commits, fsynced, its wall and thread CPU kept."""
+
+        def write() -> SaleRecord:
+            with self.journal.batch():
+                return _write_ahead(self.journal, name, sale, trans_id)
+
+        return self._timed(name, write)
+
+    def waits(self) -> None:
+        """A vend request is read: its customer waits until the answer is written."""
+        self.waiting += 1
+        self.none_waiting.clear()
+
+    def _answered(self) -> None:
+        if self.waiting <= 0:
+            raise RuntimeError("a bare sale answered that was never told waiting")
+        self.waiting -= 1
+        if not self.waiting:
+            self.none_waiting.set()
+
+    def heard(self, fields: list[bytes]) -> None:
+        """A line of the machine's other than a vend request, split: its vend result, or its
+        status (nothing to do)."""
+        if fields[:2] == [b"c", b"STATUS"]:
+            return
+        vend = self._vend
+        if vend is None or vend.done():
+            raise RuntimeError(f"{b','.join(fields)!r} with no vend pending")
+        if fields == [b"c", b"VEND", b"SUCCESS"]:
+            vend.set_result(True)
+        elif fields[:2] == [b"c", b"ERR"]:
+            vend.set_result(False)
+        else:
+            raise RuntimeError(f"{b','.join(fields)!r}: not a vend result")
+
+    async def sell(self, fields: list[bytes], answer: Callable[[bytes], None]) -> None:
+        """``c,STATUS,VEND,<amount>,<product>`` split -> the sale, its answer written by
+        ``answer``; with ``ends``, then its vend result, capture and completion."""
+        try:
+            sale = await self._authorize(fields)
+            if sale is None:
+                answer((wire.deny_vend() + "\n").encode())
+                return
+            line = f"C,VEND,{fields[3].decode()}\n".encode()
+            if not self.ends:
+                self.open.append(sale)
+                answer(line)
+                return
+            self._vend = vended = asyncio.get_running_loop().create_future()
+            answer(line)
+        finally:
+            self._answered()
+        if not await vended:
+            raise RuntimeError("the bench's machine failed a vend")
+        await self._captured(sale)
+
+    async def _authorize(self, fields: list[bytes]) -> SaleRecord | None:
+        """The window: the sale approved for its vend (its three commits), or None: declined,
+        its end committed."""
         journal, service = self.journal, self.service
-        amount = fields[3].decode()
-        cents = int(Decimal(amount) * 100)
+        cents = int(Decimal(fields[3].decode()) * 100)
         sale_id = uuid.uuid4().hex
         sale = SaleRecord(
             sale_id=sale_id, order_id=make_order_id(FLOOR_UNIT, FLOOR_KEY, sale_id),
@@ -577,13 +713,34 @@ class BareSale:
         if not result.approved:
             journal.record(sale, Step.AUTHORIZE_DECLINED, SaleState.DECLINED,
                            message=f"declined ({result.resp_text or 'C'})")
-            return (wire.deny_vend() + "\n").encode()
-        sale = self._commit("approval", sale, result.trans_id)
-        self.open.append(sale)
-        return f"C,VEND,{amount}\n".encode()
+            return None
+        return self._commit("approval", sale, result.trans_id)
+
+    async def _captured(self, sale: SaleRecord) -> None:
+        """The confirmed vend's end: its capture request fsynced, the capture asked once no
+        bare sale waits for its answer, its completion committed without an fsync of its own."""
+        journal, cents, trans_id = self.journal, sale.amount_cents, sale.trans_id
+        if trans_id is None:
+            raise RuntimeError(f"sale {sale.sale_id}: approved without a transaction id")
+        sale = self._timed("capture", lambda: journal.record(
+            sale, Step.CAPTURE_REQUEST, SaleState.CAPTURING,
+            {"trans_id": trans_id, "cents": cents, "status": "vended"}, vended_cents=cents))
+        await self.none_waiting.wait()
+        result = await self.service.payments.capture(trans_id, amount=cents)
+        if not result.approved:
+            raise RuntimeError(f"the simulator refused the capture of {trans_id}")
+
+        def completed() -> SaleRecord:
+            with journal.fsync_shared():  # synchronous=NORMAL for this commit alone
+                return journal.record(sale, Step.COMPLETED, SaleState.COMPLETED,
+                                      message=f"paid {format_cents(cents)} (captured)",
+                                      captured_cents=cents)
+
+        self._timed("completed", completed)
 
     def end_sales(self) -> None:
-        """The approved sales' end, untimed and fsynced on its own, then a checkpoint if due."""
+        """After a series: without ``ends``, the approved sales' end, untimed and fsynced on its
+        own; then a checkpoint if due (the agent's, in its worker thread: untimed here)."""
         journal = self.journal
         for sale in self.open:
             cents = sale.amount_cents
@@ -593,25 +750,42 @@ class BareSale:
             journal.record(sale, Step.COMPLETED, SaleState.COMPLETED,
                            message=f"paid {format_cents(cents)} (captured)", captured_cents=cents)
         self.open.clear()
-        if journal.checkpoint_due():  # the agent's, in its worker thread: untimed here
+        if journal.checkpoint_due():
             journal.checkpoint()
 
 
 async def bare_sale_trips_here(
-    requests: list[tuple[int, str]], sell: Callable[[list[bytes]], Awaitable[bytes]]
+    requests: list[tuple[int, str]], program: BareSale, *, ends: bool = True
 ) -> list[tuple[float, str]]:
     """The bare sales with both ends of the line on this loop (the same-loop run's, as
-    :func:`pty_round_trips` is its line): each trip's seconds and the answer read."""
+    :func:`pty_round_trips` is its line): each trip's seconds and the answer read. ``ends``:
+    the machine's end a :class:`BareMachine`, the program's a :class:`BareLine`, every sale's
+    end awaited; else the floor before i42-floor-end (request, answer, nothing more)."""
     controller, adapter = os.openpty()
     tty.setraw(controller)
     tty.setraw(adapter)
     trips = []
     try:
+        if ends:
+            machine, line = BareMachine(controller), BareLine(adapter, program)
+            try:
+                for cents, product in requests:
+                    trips.append(await machine.customer(cents, product))
+                await line.finished()
+            finally:
+                machine.close()
+                line.close()
+            return trips
+
+        def write(data: bytes) -> None:
+            os.write(adapter, data)
+
         for cents, product in requests:
             started = time.monotonic()
             os.write(controller, (wire.vend_request_line(cents, product) + "\n").encode())
-            line = await read_when_ready(adapter)
-            os.write(adapter, await sell(line.rstrip(b"\n").split(b",")))
+            request = await read_when_ready(adapter)
+            program.waits()
+            await program.sell(request.rstrip(b"\n").split(b","), write)
             answer = await read_when_ready(controller)
             trips.append((time.monotonic() - started, answer.decode().rstrip("\n")))
     finally:
@@ -816,7 +990,14 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                   f"{figures[f'floor_whole_commit_{key}_cpu_p50_ms']}" for key in FLOOR_COMMITS)
               + " (timed warm apart: " + ", ".join(
                   f"{figures[f'floor_commit_{key}_p50_ms']} / "
-                  f"{figures[f'floor_commit_{key}_cpu_p50_ms']}" for key in FLOOR_COMMITS) + ")")
+                  f"{figures[f'floor_commit_{key}_cpu_p50_ms']}" for key in FLOOR_COMMITS) + ")"
+              + "; its end after the answer, " + ", ".join(
+                  f"{key} {figures[f'floor_whole_{key}_p50_ms']} / "
+                  f"{figures[f'floor_whole_{key}_cpu_p50_ms']}" for key in FLOOR_END_COMMITS))
+        print(f"the whole floor before i42-floor-end (no vend result heard, no capture; "
+              f"its ends written after each series): p50 "
+              f"{figures['vend_answer_floor_no_end_ms']} ms, the agent's code adds "
+              f"{figures['latency_ratio_above_floor_no_end']} x that one")
         print(f"the floor as a sum of parts timed apart: the direct calls + a sale's "
               f"{COMMITS_BEFORE_APPROVE} write-ahead commits ({own}) + a line each way over a "
               f"bare pty ({figures['pty_round_trip_p50_ms']} ms) = "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import contextlib
 import itertools
 import json
 import re
@@ -611,7 +612,9 @@ async def test_the_hardware_benchs_bare_sale_keeps_the_journals_promise_and_no_m
     over the floor's pty from the controller's own process, journals a sale's steps through the
     agent's Journal, each write-ahead commit fsynced before the call or the line it announces
     (create -> read_card, the card read -> charge, the approval -> C,VEND; a decline's end ->
-    C,STOP), and makes no other commit, call or answer inside the window."""
+    C,STOP), and makes no other commit, call or answer inside the window. Here as the floor was
+    until i42-floor-end (2026-11-30) (``ends=False``, still timed beside the whole one): its sales'
+    ends written after the series."""
     from kiosk_agent.sim.server import SimOptions, SimServer
 
     hardware = _bench_module("hardware")
@@ -636,20 +639,25 @@ async def test_the_hardware_benchs_bare_sale_keeps_the_journals_promise_and_no_m
                 return await charge(*args, **kwargs)
 
             terminal.read_card, payments.charge = recorded_read_card, recorded_charge
-            bare = hardware.BareSale(commits, service)
+            bare = hardware.BareSale(commits, service, ends=False)
+            sell = bare.sell
 
-            async def sell(fields: list[bytes]) -> bytes:
+            async def recorded_sell(fields: list[bytes], answer: Any) -> None:
+                def recorded_answer(data: bytes) -> None:
+                    events.append("answer " + data.decode().strip())
+                    answer(data)
+
                 events.append("line " + b",".join(fields).decode())
-                answer: bytes = await bare.sell(fields)
-                events.append("answer " + answer.decode().strip())
-                return answer
+                await sell(fields, recorded_answer)
+
+            bare.sell = recorded_sell
 
             def traced(sql: str) -> None:
                 if sql == "COMMIT" or sql.startswith("PRAGMA synchronous"):
                     events.append(sql)
 
             commits.journal.db.set_trace_callback(traced)
-            trips = await controller.bare_sales([(250, "A2"), (102, "D2")], sell)
+            trips = await controller.bare_sales([(250, "A2"), (102, "D2")], bare, ends=False)
             commits.journal.db.set_trace_callback(None)
             bare.end_sales()
         timed = {key: len(times) for key, times in bare.commit_times.items() if min(times) > 0}
@@ -685,3 +693,150 @@ async def test_the_hardware_benchs_bare_sale_keeps_the_journals_promise_and_no_m
     # the write-ahead commits each timed (wall, thread CPU); the decline's end is not one
     assert timed == {"create": 2, "create_cpu": 2, "state": 2, "state_cpu": 2,
                      "approval": 1, "approval_cpu": 1}
+
+
+async def test_the_hardware_benchs_bare_sale_is_whole_to_its_end(tmp_path: Path) -> None:
+    """bench/hardware.py's whole floor hears each vend's result as the agent does (the machine's
+    own lines after a vend, the virtual controller's), journals the confirmed vend with its
+    capture request in a commit fsynced before the capture is asked, asks the capture once,
+    through the same client, and commits the completion without an fsync of its own; the
+    simulator's ledger holds exactly those captures. A decline's end is as before. On the floor
+    before i42-floor-end (2026-11-30) no vend result was heard and no capture asked."""
+    from kiosk_agent.service.models.statuses import TransStatus
+    from kiosk_agent.sim.server import SimOptions, SimServer
+
+    hardware = _bench_module("hardware")
+    controller_process = _bench_module("controller_process")
+    sim = SimServer(SimOptions(port=0, time_scale=hardware.TIME_SCALE, rate_limit="100000/1"))
+    await sim.start()
+    path = tmp_path / "floor.db"
+    commits = hardware.SaleCommits(path)
+    controller = controller_process.ControllerProcess(hardware.PRODUCTS)
+    events: list[tuple[Any, ...]] = []
+    rows = re.compile(r"\('([0-9a-f]{32})', [-+.0-9e]+, '([a-z_.]+)', '[a-z_]+'")
+    written: list[tuple[str, str]] = []  # (sale id, step) of the transaction under way
+    full = True
+
+    def traced(sql: str) -> None:
+        nonlocal full
+        if sql.startswith("PRAGMA synchronous="):
+            full = sql == "PRAGMA synchronous=FULL"
+        elif sql.startswith("INSERT INTO steps"):
+            written.extend(rows.findall(sql))
+        elif sql == "COMMIT":
+            for sale_id in dict.fromkeys(sale_id for sale_id, _ in written):
+                steps = tuple(step for sid, step in written if sid == sale_id)
+                events.append(("commit", sale_id, full, steps))
+            written.clear()
+
+    def captured() -> set[tuple[str, int]]:
+        return {(row["trans_id"], row["amount_cents"]) for row in sim.ctx.store.rows(
+            "SELECT trans_id, amount_cents FROM transactions WHERE trans_status_id = ?",
+            (int(TransStatus.CAPTURED),))}
+
+    try:
+        await controller.start()
+        before = captured()
+        async with hardware.ServiceClient(hardware.settings_for(sim)) as service:
+            terminal, payments = service.terminal, service.payments
+            read_card, charge, capture = terminal.read_card, payments.charge, payments.capture
+
+            async def recorded_read_card(device: str, cents: int) -> Any:
+                events.append(("read_card", cents))
+                return await read_card(device, cents)
+
+            async def recorded_charge(request: Any) -> Any:
+                events.append(("charge", request.order_id))
+                return await charge(request)
+
+            async def recorded_capture(trans_id: str, amount: int) -> Any:
+                # what the journal holds on disk as the capture is asked: read by another
+                # connection, which sees only what is committed
+                with contextlib.closing(sqlite3.connect(path)) as other:
+                    steps = [step for (step,) in other.execute(
+                        "SELECT step FROM steps WHERE sale_id = "
+                        "(SELECT sale_id FROM sales WHERE trans_id = ?) ORDER BY id",
+                        (trans_id,))]
+                events.append(("capture", trans_id, amount, steps[-1]))
+                return await capture(trans_id, amount=amount)
+
+            terminal.read_card, payments.charge = recorded_read_card, recorded_charge
+            payments.capture = recorded_capture
+            bare = hardware.BareSale(commits, service)
+            sell, heard = bare.sell, bare.heard
+
+            async def recorded_sell(fields: list[bytes], answer: Any) -> None:
+                def recorded_answer(data: bytes) -> None:
+                    events.append(("answer", fields[4].decode(), data.decode().strip()))
+                    answer(data)
+
+                events.append(("line", fields[4].decode(), fields[3].decode()))
+                await sell(fields, recorded_answer)
+
+            def recorded_heard(fields: list[bytes]) -> None:
+                events.append(("heard", b",".join(fields).decode()))
+                heard(fields)
+
+            bare.sell, bare.heard = recorded_sell, recorded_heard
+            commits.journal.db.set_trace_callback(traced)
+            trips = await controller.bare_sales([(250, "A2"), (102, "D2"), (150, "A1")], bare)
+            commits.journal.db.set_trace_callback(None)
+            bare.end_sales()
+        ledger = captured() - before
+        db = commits.journal.db
+        sales = [tuple(row) for row in db.execute(
+            "SELECT sale_id, order_id, trans_id, product, amount_cents, state, captured_cents "
+            "FROM sales ORDER BY rowid")]
+        steps = {sale_id: [step for (step,) in db.execute(
+            "SELECT step FROM steps WHERE sale_id = ? ORDER BY id", (sale_id,))]
+            for sale_id, *_ in sales}
+    finally:
+        commits.close()
+        await controller.stop()
+        await sim.stop()
+    assert [answer for _, answer in trips] == ["C,VEND,2.50", "C,STOP", "C,VEND,1.50"]
+    assert [row[3:] for row in sales] == [
+        ("A2", 250, "completed", 250), ("D2", 102, "declined", 0), ("A1", 150, "completed", 150)]
+    # the machine's lines after each answer, as the virtual controller writes them
+    assert [e[1] for e in events if e[0] == "heard"] == [
+        "c,VEND,SUCCESS", "c,STATUS,IDLE", "c,STATUS,ENABLED", "c,STATUS,ENABLED",
+        "c,VEND,SUCCESS", "c,STATUS,IDLE", "c,STATUS,ENABLED"]  # fmt: skip
+
+    def of(sale: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        """The sale's own events, in order, without its keys."""
+        sale_id, order_id, trans_id, product, cents = sale[:5]
+        mine = []
+        for event in events:
+            kind, key, *rest = event
+            if (kind, key) in {("commit", sale_id), ("read_card", cents), ("charge", order_id),
+                               ("capture", trans_id), ("line", product), ("answer", product)}:
+                mine.append((kind, *rest) if kind in ("commit", "capture", "answer") else (kind,))
+        return mine
+
+    window = [("line",), ("commit", True, ("created", "read_card.request")), ("read_card",),
+              ("commit", True, ("read_card.done", "authorize.request")), ("charge",)]
+    for sale in (sales[0], sales[2]):
+        cents = sale[4]
+        assert of(sale) == [
+            *window, ("commit", True, ("authorize.approved", "dispense.request")),
+            ("answer", f"C,VEND,{cents / 100:.2f}"),
+            ("commit", True, ("capture.request",)),  # fsynced, then the capture: on disk then
+            ("capture", cents, "capture.request"),
+            ("commit", False, ("completed",)),  # no fsync of its own
+        ]
+        assert steps[sale[0]][-2:] == ["capture.request", "completed"]
+    assert of(sales[1]) == [*window, ("commit", True, ("authorize.declined",)),
+                            ("answer", "C,STOP")]
+    # each capture request committed only once its vend's success was heard
+    successes = [n for n, e in enumerate(events) if e == ("heard", "c,VEND,SUCCESS")]
+    requests = [n for n, e in enumerate(events)
+                if e[0] == "commit" and e[3] == ("capture.request",)]
+    assert len(successes) == len(requests) == 2
+    assert all(heard < request for heard, request in zip(successes, requests, strict=True))
+    # each capture asked while no bare sale was between its request and its answer
+    for n, event in enumerate(events):
+        if event[0] == "capture":
+            kinds = [e[0] for e in events[:n]]
+            assert kinds.count("line") == kinds.count("answer")
+    # the simulator's ledger: exactly the approved sales' captures, each of the cents vended
+    assert ledger == {(sales[0][2], 250), (sales[2][2], 150)}
