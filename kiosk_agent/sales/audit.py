@@ -38,6 +38,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from dataclasses import field, replace
 
 from kiosk_agent.data_class import data_class
+from kiosk_agent.money import format_cents
 from kiosk_agent.sales.attention import LATE_CHARGE_HANDOVER_S, late_charge_watched
 from kiosk_agent.sales.clock import next_turn
 from kiosk_agent.sales.journal import CHARGE_LOOKBACK_S, SaleRecord
@@ -46,7 +47,7 @@ from kiosk_agent.sales.model import Flow, SaleEvent
 from kiosk_agent.sales.runner import new_ids
 from kiosk_agent.sales.settings import CHARGE_CHECK_MAX_GIVE_BACK
 from kiosk_agent.sales.states import NO_CHARGE_STEPS, SaleState, Step
-from kiosk_agent.sales.steps import SaleContext, SaleSteps
+from kiosk_agent.sales.steps import SaleContext, SaleSteps, agent_user, given_back_by
 from kiosk_agent.sales.unit import split_order_id
 from kiosk_agent.service.errors import ServiceError
 from kiosk_agent.service.models import Transaction, TransactionFilter, TransStatus
@@ -176,6 +177,8 @@ class AuditResult:
     error: str = ""  # reporting could not be asked: nothing was decided
     # not made because the unit is not confirmed (error: its refusal): the unit's problem says so
     by_unit: bool = False
+    # completed sales whose charge this check found given back by others since (sale ids noted)
+    later: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -188,6 +191,7 @@ class AuditResult:
             "unaccounted": len(self.unaccounted),
             "foreign": len(self.foreign),
             "ended": {e.sale_id: e.state.value for e in self.events},
+            "later": len(self.later),
             "error": self.error,
         }
 
@@ -227,6 +231,10 @@ class ChargeAudit:
         # a check's charges under an order id of the unit's that it never sent (``-held``, a
         # suffix of a form it never writes, an attempt past a sale's last): trans id -> why
         self._unmade: dict[str, str] = {}
+        # the completed sales' charges found given back by others after the sale ended, in the
+        # check that reads the terminals' whole history (``LaterGiveBacks``): noted this run
+        self.later_noted = 0
+        self._later = LaterGiveBacks()
 
     async def check(
         self, running: Collection[str] = (), settled: bool = True, *,
@@ -256,6 +264,7 @@ class ChargeAudit:
             return result
         result.seen = seen
         result.foreign = [row.trans_id for row in foreign]
+        result.later = self._note_later(self._later)
         self._unproven, self._unheld, self._unmade = {}, set(), {}
         found = [(row, record) for row in held if (record := self._unaccounted(row, running))]
         if found and self.before_money is not None and not await self.before_money():
@@ -305,6 +314,8 @@ class ChargeAudit:
         every charge of the window (a week of a busy machine's, a model each: a 15-minute check
         over 14,000 of them grew the agent by 25 MB, kept after)."""
         rows: dict[str, Transaction] = {}
+        later = LaterGiveBacks()
+        self._later = later
         accounted = _Accounted(self._now() - self.lookback)
         asked: dict[str, str] = {}  # trans id -> the terminal it was asked under
         newest = 0.0  # the service's latest charge on these terminals: real time, at most now
@@ -323,9 +334,11 @@ class ChargeAudit:
                 if at is not None:
                     newest = max(newest, at)
                 status = row.status
+                sale = None if base is None else sales.get(base)
+                if status in _LATER and sale is not None and sale.state is SaleState.COMPLETED:
+                    later.saw(row, sale, status)
                 if status not in _CHARGES:
                     continue
-                sale = None if base is None else sales.get(base)
                 mine = self._held_by_journal(base, sale) or self._provably_ours(row.order_id)
                 if mine and at is not None:
                     newest_own = max(newest_own, at)
@@ -353,6 +366,42 @@ class ChargeAudit:
         self.foreign.saw([(asked[row.trans_id], row) for row in foreign], start + self.lookback)
         held = [row for row in ours if row.status in _HOLDING]
         return held, foreign, len(held) + accounted.count(start)
+
+    def _note_later(self, later: LaterGiveBacks) -> list[str]:
+        """Journal on each of the agent's own completed sales what the service holds now of its
+        charge where someone else voided or refunded it after the sale ended (found by its
+        trans id, a refund's row by the ``related_trans_id`` naming it: never by amount or
+        time), once a change: a note (``service.later``) and the sale's ``later_*`` fields. No
+        money moves: it is not the agent's move. The sale ids noted."""
+        noted = []
+        for sale_id, (order, charge) in later.charges.items():
+            parts = split_order_id(charge.order_id)
+            if parts is None or not self._held_by_journal(parts[0], order):
+                continue
+            now = later.held(charge, agent_user(self.unit))
+            if now is None:
+                continue
+            record = self.journal.get(sale_id)
+            if record is None or record.state is not SaleState.COMPLETED:
+                continue
+            cents, status, by, dated, refunds = now
+            at = self._now() if dated is None else dated  # undated: when the check found it
+            if (record.later_cents, record.later_status, record.later_by) == (cents, status, by):
+                continue  # noted already: a note a change, not a check
+            self.journal.record(
+                record, Step.SERVICE_LATER,
+                detail={"trans_id": charge.trans_id, "status": status, "cents": cents,
+                        "by": by, "dated_by_service": dated is not None, "refunds": refunds,
+                        "message": later_words(cents, status, given_back_by(by, self.unit),
+                                               record.currency)},
+                later_cents=cents, later_status=status, later_by=by, later_at=at,
+            )
+            self.later_noted += 1
+            noted.append(sale_id)
+            _LOGGER.warning("charge check: sale %s: its charge %s was %s at the service after "
+                            "the sale completed (%d cents, not by the agent's sale); noted, no "
+                            "money moved", sale_id, charge.trans_id, status, cents)
+        return noted
 
     def _held_by_journal(self, base: str | None, sale: OrderState | None) -> bool:
         """Provably this unit's as :meth:`_provably_ours` says, for a row whose sale the journal
@@ -545,6 +594,71 @@ class ChargeAudit:
         if event.state is SaleState.REVERSED:
             self.given_back += 1
         return event
+
+
+_LATER = frozenset({TransStatus.VOIDED, TransStatus.REFUNDED, TransStatus.PARTIALLY_REFUNDED,
+                    TransStatus.REFUND})
+_LATER_NAMES = {TransStatus.VOIDED: "voided", TransStatus.REFUNDED: "refunded",
+                TransStatus.PARTIALLY_REFUNDED: "partly_refunded"}
+
+
+class LaterGiveBacks:
+    """What one check that reads the terminals' whole history saw of the completed sales'
+    charges given back since: each such sale's charge row (voided, refunded, partly refunded:
+    matched by its trans id to the one the journal holds) and the refunds' own rows naming it
+    (``related_trans_id``). Kept only for those rows: a few, where the history is thousands."""
+
+    def __init__(self) -> None:
+        self.charges: dict[str, tuple[OrderState, Transaction]] = {}
+        self.refunds: dict[str, list[Transaction]] = {}
+
+    def saw(self, row: Transaction, sale: OrderState, status: TransStatus) -> None:
+        if sale.trans_id is None or sale.source == AUDIT_SOURCE:
+            return
+        own = trans_key(sale.trans_id)
+        if status is TransStatus.REFUND:
+            if row.related_trans_id and trans_key(row.related_trans_id) == own:
+                self.refunds.setdefault(own, []).append(row)
+        elif trans_key(row.trans_id) == own:
+            self.charges[sale.sale_id] = (sale, row)
+
+    def held(
+        self, charge: Transaction, agent: str
+    ) -> tuple[int, str, str, float | None, list[str]] | None:
+        """Given back by others, as reporting shows it now: (cents, status, who, the service's
+        date of the latest refund's row (None for a void: reporting dates none), the refunds'
+        trans ids); None when it shows no figure the agent can read (a
+        negative amount, a charge partly refunded with no refund's row naming it)."""
+        status = charge.status
+        if status is None or status not in _LATER_NAMES or charge.amount_cents < 0:
+            return None
+        if status is TransStatus.VOIDED:  # no row of its own: the voided row names who, no date
+            return (charge.amount_cents, _LATER_NAMES[status], charge.user_identifier or "",
+                    None, [])
+        shown = self.refunds.get(trans_key(charge.trans_id), [])
+        rows = [r for r in shown if (r.user_identifier or "") != agent]
+        if any(r.amount_cents < 0 for r in rows) or (shown and not rows):
+            return None  # a figure it cannot read; or the agent's own refunds, not others'
+        if not rows:
+            if status is not TransStatus.REFUNDED:
+                return None
+            # refunded whole by its status, its refund's row not shown: the charge's figure
+            return (charge.amount_cents, _LATER_NAMES[status], "", None, [])
+        rows.sort(key=lambda r: r.trans_at or 0.0)
+        makers = list(dict.fromkeys(r.user_identifier or "" for r in rows))
+        dates = [r.trans_at for r in rows if r.trans_at is not None]
+        return (sum(r.amount_cents for r in rows), _LATER_NAMES[status], ", ".join(makers),
+                max(dates) if dates else None, [r.trans_id for r in rows])
+
+
+def later_words(cents: int, status: str, who: str, currency: str = "USD") -> str:
+    """A later give-back in a sale's words (``who``: :func:`given_back_by`'s): ``$1.00
+    refunded at the service after the sale completed by 'jane' (not the agent); the agent
+    moved no money on it``."""
+    how = {"voided": "voided", "refunded": "refunded",
+           "partly_refunded": "refunded (part of it)"}.get(status, status)
+    return (f"{format_cents(cents, currency)} {how} at the service after the sale completed"
+            f"{who}; the agent moved no money on it")
 
 
 class _Accounted:

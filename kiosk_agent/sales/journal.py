@@ -147,6 +147,13 @@ CREATE TABLE IF NOT EXISTS sale_sends (
     sent_mono REAL,
     sent_boot TEXT
 );
+CREATE TABLE IF NOT EXISTS sale_later (
+    sale_id      TEXT PRIMARY KEY REFERENCES sales(sale_id),
+    later_cents  INTEGER,
+    later_status TEXT,
+    later_by     TEXT,
+    later_at     REAL
+);
 """
 
 # Partial indexes added after journals were in use: each built at open where its table has no

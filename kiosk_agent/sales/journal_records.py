@@ -24,6 +24,9 @@ from kiosk_agent.sales.states import SaleState, Step
 _BESIDE = {
     # the money call's send, to re-anchor its deadline after a restart (sales/clock.py)
     "sale_sends": ("sent_at", "sent_mono", "sent_boot"),
+    # what the service holds now of a completed sale's charge that someone else gave back
+    # after the sale ended (a person at the portal, another program): sales/audit.py
+    "sale_later": ("later_cents", "later_status", "later_by", "later_at"),
 }
 
 
@@ -68,6 +71,15 @@ class SaleRecord:
     sent_at: float | None = None
     sent_mono: float | None = None
     sent_boot: str | None = None
+    # Given back by others after the sale completed, as reporting shows it now (the charge
+    # check, sales/audit.py): the cents voided, refunded or charged back (never the agent's own
+    # give-back, ``reversed_cents``, nor taken off ``captured_cents``), the charge's status
+    # there (``voided``, ``refunded``, ``partly_refunded``), who did it as reporting names them
+    # (``user_identifier``; "" none named), and the service's date of the latest (Unix time)
+    later_cents: int | None = None
+    later_status: str | None = None
+    later_by: str | None = None
+    later_at: float | None = None
 
     @property
     def resolved(self) -> bool:

@@ -1,0 +1,172 @@
+"""Money a person gives back at the service after the agent's sale completed.
+
+A charge of one of the agent's own completed sales, voided or refunded (whole or in part) at the
+service afterwards (a person at the portal, another program), is found by the charge check's
+whole read of the terminals' history, by its trans id (a refund's row by the trans id it names),
+never by amount or time; it is journaled on that sale as a note of what the service holds now,
+and every face that shows the sale says it apart from what the agent captured and gave back.
+The agent moves no money on it. Each test: a real sale of a real agent on the real simulator,
+the person's give-back through the simulator's own payments API over HTTP, the faces compared
+with reporting's own rows summed as Decimal."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from decimal import Decimal
+from typing import Any
+
+from kiosk_agent.cli.sales import sale_text
+from kiosk_agent.export import export_sales
+from kiosk_agent.sales.model import Flow, SaleRequest, money_text
+from kiosk_agent.sales.states import SaleState, Step
+from kiosk_agent.service.models import Transaction, TransactionFilter, TransStatus
+from kiosk_agent.service.settings import CallKind
+from tests.assembly.agent_helpers import ScriptedDispenser
+from tests.helpers import sim_call, until
+
+
+async def _completed(
+    agent_factory: Any, sim_factory: Any, cents: int = 250
+) -> tuple[Any, Any, Any]:
+    """The simulator, an agent on it whose start's checks are done, and one sale of its own
+    completed for ``cents``."""
+    sim = await sim_factory(time_scale=300, transactions=0)
+    agent = await agent_factory(sim=sim)
+    await until(lambda: agent.journal_guard.history_read)
+    sale = await agent.sales.start(
+        SaleRequest(source="test", flow=Flow.CHARGE_CARD, amount_cents=cents),
+        ScriptedDispenser())
+    done = await sale.result()
+    assert done.state is SaleState.COMPLETED
+    record = agent.journal.get(sale.sale_id)
+    assert record is not None
+    assert record.captured_cents == cents
+    return sim, agent, record
+
+
+async def _rows(agent: Any, order_id: str) -> list[Transaction]:
+    query = TransactionFilter(mid=agent.service.settings.mid, order_id=order_id)
+    return [row async for row in agent.service.reporting.transactions(query)]
+
+
+def _dollars(text: str) -> Decimal:
+    return Decimal(text) if text else Decimal(0)
+
+
+async def _faces_against_reporting(agent: Any, sale_id: str) -> dict[str, Any]:
+    """The sale's CSV and JSON exports (the journal's, as `kiosk-agent sales --format` and the
+    admin API write them) against reporting's own rows: what the service still holds of the
+    charge is what the agent captured less what others gave back, each summed as Decimal."""
+    record = agent.journal.get(sale_id)
+    rows = await _rows(agent, record.order_id)
+    [charge] = [r for r in rows if r.trans_id == record.trans_id]
+    refunds = [r for r in rows if r.status is TransStatus.REFUND]
+    if charge.status is TransStatus.VOIDED:
+        back = Decimal(charge.amount_cents) / 100
+    else:
+        back = sum((Decimal(r.amount_cents) / 100 for r in refunds), Decimal(0))
+    held = Decimal(charge.amount_cents) / 100 - back
+    [as_json] = json.loads("".join(export_sales([record], "json")))
+    [as_csv] = list(csv.DictReader(io.StringIO("".join(export_sales([record], "csv")))))
+    for face in (as_json, as_csv):
+        captured = _dollars(str(face["captured"]))
+        by_agent = _dollars(str(face["reversed"]))
+        by_others = _dollars(str(face["given_back_by_others"]))
+        assert by_agent == 0  # the agent gave nothing back: not folded into its own figure
+        assert captured == Decimal(record.captured_cents) / 100  # what it took, as it took it
+        assert by_others == back, (face, back)
+        assert captured - by_agent - by_others == held
+        assert face["state"] == "completed"
+    return as_json
+
+
+async def test_a_persons_partial_then_whole_refund_is_noted_on_the_sale_and_shown_apart(
+    agent_factory: Any, sim_factory: Any
+) -> None:
+    """$2.50 captured and settled; 'jane' refunds $1.00 of it at the service, later 'bob' the
+    $1.50 left. Each whole read of the history notes what the service holds now on the sale
+    (one note a change, none when nothing changed); the sale stays completed with its $2.50
+    captured and nothing given back by the agent; the exports say the refunds apart, and agree
+    with reporting's rows."""
+    sim, agent, record = await _completed(agent_factory, sim_factory)
+    audit = agent.journal_guard.audit
+    await sim_call(sim, "POST", "/sim/settle")
+    await agent.service.payments.void_or_refund(record.trans_id, amount=100,
+                                                user_identifier="jane")
+
+    first = await audit.check(settled=True)
+
+    assert first.ok, first.error
+    assert first.later == [record.sale_id]
+    assert first.unaccounted == []  # nothing given back: not the agent's to move
+    noted = agent.journal.get(record.sale_id)
+    assert noted.state is SaleState.COMPLETED
+    assert (noted.captured_cents, noted.reversed_cents) == (250, 0)
+    assert (noted.later_cents, noted.later_status, noted.later_by) == (
+        100, "partly_refunded", "jane")
+    [step] = [s for s in agent.journal.steps(record.sale_id) if s.step == Step.SERVICE_LATER]
+    assert step.detail["cents"] == 100
+    assert "by 'jane' (not the agent)" in step.detail["message"]
+    assert "the agent moved no money" in step.detail["message"]
+    face = await _faces_against_reporting(agent, record.sale_id)
+    assert face["given_back_by"] == "jane"
+    assert face["service_status"] == "partly_refunded"
+    # the list's and the page's words (one function): what it charged, what others gave back
+    assert money_text(noted) == (
+        "$2.50 charged ($1.00 given back since by others, at the service)")
+    assert "$1.00 partly_refunded at the service after it completed by 'jane'" in sale_text(
+        noted, agent.journal.steps(record.sale_id))
+
+    again = await audit.check(settled=True)
+    assert again.later == []  # nothing changed at the service: no second note
+    await agent.service.payments.void_or_refund(record.trans_id, user_identifier="bob")
+    third = await audit.check(settled=True)
+
+    assert third.later == [record.sale_id]
+    whole = agent.journal.get(record.sale_id)
+    assert (whole.later_cents, whole.later_status, whole.later_by) == (250, "refunded",
+                                                                       "jane, bob")
+    assert (whole.captured_cents, whole.reversed_cents) == (250, 0)
+    await _faces_against_reporting(agent, record.sale_id)
+    # the agent moved no money: every give-back row at the service is a person's
+    rows = await _rows(agent, record.order_id)
+    assert sorted(r.user_identifier or "" for r in rows if r.status is TransStatus.REFUND) == [
+        "bob", "jane"]
+    assert len([s for s in agent.journal.steps(record.sale_id)
+                if s.step == Step.SERVICE_LATER]) == 2
+
+
+async def test_a_persons_void_of_a_captured_sale_is_noted_and_read_in_the_same_queries(
+    agent_factory: Any, sim_factory: Any
+) -> None:
+    """$2.50 captured, not yet settled; 'ops' voids it at the service. The whole read finds it
+    voided by its trans id, in the same one query a terminal as ever (no lookup of its own),
+    and notes the whole $2.50 given back by others; the checks that read only the unsettled
+    charges see nothing of it and note nothing."""
+    _, agent, record = await _completed(agent_factory, sim_factory)
+    audit = agent.journal_guard.audit
+    await agent.service.payments.void_or_refund(record.trans_id, user_identifier="ops")
+
+    unsettled = await audit.check(settled=False)
+    assert unsettled.ok
+    assert unsettled.later == []
+    assert agent.journal.get(record.sale_id).later_cents is None
+    kinds: list[CallKind] = []
+    forget = agent.service.transport.observe(lambda kind, _s, _o: kinds.append(kind))
+    try:
+        result = await audit.check(settled=True)
+    finally:
+        forget()
+
+    assert result.later == [record.sale_id]
+    assert kinds.count(CallKind.REPORT) == len(audit.settings.terminals)
+    noted = agent.journal.get(record.sale_id)
+    assert (noted.later_cents, noted.later_status, noted.later_by) == (250, "voided", "ops")
+    assert noted.later_at is not None
+    assert noted.state is SaleState.COMPLETED
+    face = await _faces_against_reporting(agent, record.sale_id)
+    assert face["given_back_by_others"] == "2.50"
+    assert money_text(noted) == (
+        "$2.50 charged ($2.50 given back since by others, at the service)")
