@@ -374,6 +374,7 @@ class ChargeAudit:
         time), once a change: a note (``service.later``) and the sale's ``later_*`` fields. No
         money moves: it is not the agent's move. The sale ids noted."""
         noted = []
+        before = self.journal.later_noted(later.charges)
         for sale_id, (order, charge) in later.charges.items():
             parts = split_order_id(charge.order_id)
             if parts is None or not self._held_by_journal(parts[0], order):
@@ -381,13 +382,13 @@ class ChargeAudit:
             now = later.held(charge, agent_user(self.unit))
             if now is None:
                 continue
+            cents, status, by, dated, refunds = now
+            if before.get(sale_id) == (cents, status, by):
+                continue  # noted already: a note a change, not a check (one read for them all)
             record = self.journal.get(sale_id)
             if record is None or record.state is not SaleState.COMPLETED:
                 continue
-            cents, status, by, dated, refunds = now
             at = self._now() if dated is None else dated  # undated: when the check found it
-            if (record.later_cents, record.later_status, record.later_by) == (cents, status, by):
-                continue  # noted already: a note a change, not a check
             self.journal.record(
                 record, Step.SERVICE_LATER,
                 detail={"trans_id": charge.trans_id, "status": status, "cents": cents,

@@ -86,6 +86,22 @@ class JournalReads:
                 found[order_id] = OrderState(sale_id, _STATE_OF[state], source, attempt, trans_id)
         return found
 
+    def later_noted(self, sale_ids: Iterable[str]) -> dict[str, tuple[Any, ...]]:
+        """What is noted of each of ``sale_ids`` as given back at the service after it
+        completed (``later_cents``, ``later_status``, ``later_by``), those that have a note: one
+        read a few hundred at a time, so the charge check compares without reading each sale."""
+        wanted = list(dict.fromkeys(sale_ids))
+        found: dict[str, tuple[Any, ...]] = {}
+        for start in range(0, len(wanted), _IN_LIST_MAX):
+            part = wanted[start:start + _IN_LIST_MAX]
+            marks = ", ".join("?" for _ in part)
+            for sale_id, *noted in self.db.execute(
+                "SELECT sale_id, later_cents, later_status, later_by FROM sale_later "  # noqa: S608
+                f"WHERE sale_id IN ({marks})", part
+            ):
+                found[sale_id] = tuple(noted)
+        return found
+
     def under_order_base(self, base: str) -> list[SaleRecord]:
         """The sales under order id ``base`` and its suffixed forms (``base-2``,
         ``base-held``): one range of the order id's index, a few rows, never a walk through
