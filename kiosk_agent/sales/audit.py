@@ -316,6 +316,8 @@ class ChargeAudit:
         rows: dict[str, Transaction] = {}
         later = LaterGiveBacks()
         self._later = later
+        if settled:  # the whole read: with it, the chargebacks (one collection, a few rows)
+            later.chargebacks = await self._chargebacks(page_size)
         accounted = _Accounted(self._now() - self.lookback)
         asked: dict[str, str] = {}  # trans id -> the terminal it was asked under
         newest = 0.0  # the service's latest charge on these terminals: real time, at most now
@@ -335,7 +337,8 @@ class ChargeAudit:
                     newest = max(newest, at)
                 status = row.status
                 sale = None if base is None else sales.get(base)
-                if status in _LATER and sale is not None and sale.state is SaleState.COMPLETED:
+                if (sale is not None and sale.state is SaleState.COMPLETED and status is not None
+                        and (status in _LATER or (later.chargebacks and status in _HOLDING))):
                     later.saw(row, sale, status)
                 if status not in _CHARGES:
                     continue
@@ -403,6 +406,24 @@ class ChargeAudit:
                             "the sale completed (%d cents, not by the agent's sale); noted, no "
                             "money moved", sale_id, charge.trans_id, status, cents)
         return noted
+
+    async def _chargebacks(self, page_size: int | None) -> dict[str, list[ChargebackSeen]]:
+        """Reporting's chargebacks of this unit's merchant, by the trans id each names (as
+        :func:`trans_key` compares them): a few a year, read whole with the terminals' history
+        (their status moves on: open, then won or lost)."""
+        from kiosk_agent.service.models.reports import ChargebackFilter
+
+        query = ChargebackFilter(mid=self.settings.mid)
+        found: dict[str, list[ChargebackSeen]] = {}
+        async for case in self.context.service.reporting.chargebacks(query, page_size=page_size):
+            if not case.trans_id or (case.mid and case.mid != self.settings.mid):
+                continue
+            at = case.chargeback_date
+            found.setdefault(trans_key(case.trans_id), []).append(ChargebackSeen(
+                str(case.chargeback_id), case.amount_cents, str(case.status or ""),
+                case.case_number or "", None if at is None else (
+                    at if at.tzinfo else at.replace(tzinfo=dt.UTC)).timestamp()))
+        return found
 
     def _held_by_journal(self, base: str | None, sale: OrderState | None) -> bool:
         """Provably this unit's as :meth:`_provably_ours` says, for a row whose sale the journal
@@ -603,15 +624,35 @@ _LATER_NAMES = {TransStatus.VOIDED: "voided", TransStatus.REFUNDED: "refunded",
                 TransStatus.PARTIALLY_REFUNDED: "partly_refunded"}
 
 
+@data_class(frozen=True, slots=True)
+class ChargebackSeen:
+    """One chargeback of reporting's, as the charge check keeps it (not its card's fields)."""
+
+    id: str
+    cents: int
+    status: str  # OPEN, WON, LOST (ChargebackStatus), or as reporting wrote it
+    case: str
+    at: float | None  # the service's date of it
+
+
+# A chargeback's status -> the sale's later status, and whether its amount is taken back from
+# the merchant (open: held back while disputed; lost: for good; won: given back to it)
+_CHARGEBACK = {"OPEN": ("chargeback_open", True), "LOST": ("chargeback_lost", True),
+               "WON": ("chargeback_won", False)}
+_Held = tuple[int, str, str, float | None, list[str]]
+
+
 class LaterGiveBacks:
     """What one check that reads the terminals' whole history saw of the completed sales'
-    charges given back since: each such sale's charge row (voided, refunded, partly refunded:
-    matched by its trans id to the one the journal holds) and the refunds' own rows naming it
-    (``related_trans_id``). Kept only for those rows: a few, where the history is thousands."""
+    charges given back since: each such sale's charge row (voided, refunded, partly refunded,
+    or charged back: matched by its trans id to the one the journal holds), the refunds' own
+    rows naming it (``related_trans_id``) and reporting's chargebacks naming it (its
+    ``trans_id``). Kept only for those: a few, where the history is thousands."""
 
     def __init__(self) -> None:
         self.charges: dict[str, tuple[OrderState, Transaction]] = {}
         self.refunds: dict[str, list[Transaction]] = {}
+        self.chargebacks: dict[str, list[ChargebackSeen]] = {}
 
     def saw(self, row: Transaction, sale: OrderState, status: TransStatus) -> None:
         if sale.trans_id is None or sale.source == AUDIT_SOURCE:
@@ -620,23 +661,48 @@ class LaterGiveBacks:
         if status is TransStatus.REFUND:
             if row.related_trans_id and trans_key(row.related_trans_id) == own:
                 self.refunds.setdefault(own, []).append(row)
-        elif trans_key(row.trans_id) == own:
+        elif trans_key(row.trans_id) == own and (status in _LATER_NAMES
+                                                 or own in self.chargebacks):
             self.charges[sale.sale_id] = (sale, row)
 
-    def held(
-        self, charge: Transaction, agent: str
-    ) -> tuple[int, str, str, float | None, list[str]] | None:
+    def held(self, charge: Transaction, agent: str) -> _Held | None:
         """Given back by others, as reporting shows it now: (cents, status, who, the service's
-        date of the latest refund's row (None for a void: reporting dates none), the refunds'
-        trans ids); None when it shows no figure the agent can read (a
-        negative amount, a charge partly refunded with no refund's row naming it)."""
+        date of the latest refund's row or chargeback (None for a void alone: reporting dates
+        none), the refunds' and chargebacks' ids); None when it shows no figure the agent can
+        read (a negative amount, a charge partly refunded with no refund's row naming it, a
+        chargeback in a status it does not know)."""
         status = charge.status
-        if status is None or status not in _LATER_NAMES or charge.amount_cents < 0:
+        if status is None or charge.amount_cents < 0:
             return None
+        key = trans_key(charge.trans_id)
+        parts: list[_Held] = []
+        if status in _LATER_NAMES:
+            given = self._given_back(charge, status, key, agent)
+            if given is None:
+                return None
+            parts.append(given)
+        for case in self.chargebacks.get(key, []):
+            known = _CHARGEBACK.get(case.status.upper())
+            if known is None or case.cents < 0:
+                return None
+            name, taken = known
+            parts.append((case.cents if taken else 0, name, f"chargeback case {case.case}",
+                          case.at, [case.id]))
+        if not parts:
+            return None
+        dates = [p[3] for p in parts if p[3] is not None]
+        return (sum(p[0] for p in parts), ", ".join(dict.fromkeys(p[1] for p in parts)),
+                ", ".join(dict.fromkeys(p[2] for p in parts if p[2])),
+                max(dates) if dates else None, [i for p in parts for i in p[4]])
+
+    def _given_back(
+        self, charge: Transaction, status: TransStatus, key: str, agent: str
+    ) -> _Held | None:
+        """A void's or refunds' part of :meth:`held`."""
         if status is TransStatus.VOIDED:  # no row of its own: the voided row names who, no date
             return (charge.amount_cents, _LATER_NAMES[status], charge.user_identifier or "",
                     None, [])
-        shown = self.refunds.get(trans_key(charge.trans_id), [])
+        shown = self.refunds.get(key, [])
         rows = [r for r in shown if (r.user_identifier or "") != agent]
         if any(r.amount_cents < 0 for r in rows) or (shown and not rows):
             return None  # a figure it cannot read; or the agent's own refunds, not others'
@@ -656,8 +722,12 @@ def later_words(cents: int, status: str, who: str, currency: str = "USD") -> str
     """A later give-back in a sale's words (``who``: :func:`given_back_by`'s): ``$1.00
     refunded at the service after the sale completed by 'jane' (not the agent); the agent
     moved no money on it``."""
-    how = {"voided": "voided", "refunded": "refunded",
-           "partly_refunded": "refunded (part of it)"}.get(status, status)
+    how = ", ".join({"voided": "voided", "refunded": "refunded",
+                     "partly_refunded": "refunded (part of it)",
+                     "chargeback_open": "charged back (disputed, open)",
+                     "chargeback_lost": "charged back (lost)",
+                     "chargeback_won": "charged back and won back"}.get(part, part)
+                    for part in status.split(", "))
     return (f"{format_cents(cents, currency)} {how} at the service after the sale completed"
             f"{who}; the agent moved no money on it")
 

@@ -22,7 +22,9 @@ from kiosk_agent.export import export_sales
 from kiosk_agent.sales.model import Flow, SaleRequest, money_text
 from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.service.models import Transaction, TransactionFilter, TransStatus
+from kiosk_agent.service.models.reports import ChargebackFilter, ChargebackStatus
 from kiosk_agent.service.settings import CallKind
+from kiosk_agent.sim.reporting import report_tables
 from tests.assembly.agent_helpers import ScriptedDispenser
 from tests.helpers import sim_call, until
 
@@ -67,6 +69,9 @@ async def _faces_against_reporting(agent: Any, sale_id: str) -> dict[str, Any]:
         back = Decimal(charge.amount_cents) / 100
     else:
         back = sum((Decimal(r.amount_cents) / 100 for r in refunds), Decimal(0))
+    query = ChargebackFilter(mid=agent.service.settings.mid, trans_id=record.trans_id)
+    back += sum([case.amount async for case in agent.service.reporting.chargebacks(query)
+                 if case.status in {ChargebackStatus.OPEN, ChargebackStatus.LOST}], Decimal(0))
     held = Decimal(charge.amount_cents) / 100 - back
     [as_json] = json.loads("".join(export_sales([record], "json")))
     [as_csv] = list(csv.DictReader(io.StringIO("".join(export_sales([record], "csv")))))
@@ -161,7 +166,8 @@ async def test_a_persons_void_of_a_captured_sale_is_noted_and_read_in_the_same_q
         forget()
 
     assert result.later == [record.sale_id]
-    assert kinds.count(CallKind.REPORT) == len(audit.settings.terminals)
+    # one query a terminal, and the merchant's chargebacks once: none of the sale's own
+    assert kinds.count(CallKind.REPORT) == len(audit.settings.terminals) + 1
     noted = agent.journal.get(record.sale_id)
     assert (noted.later_cents, noted.later_status, noted.later_by) == (250, "voided", "ops")
     assert noted.later_at is not None
@@ -170,3 +176,46 @@ async def test_a_persons_void_of_a_captured_sale_is_noted_and_read_in_the_same_q
     assert face["given_back_by_others"] == "2.50"
     assert money_text(noted) == (
         "$2.50 charged ($2.50 given back since by others, at the service)")
+
+
+async def test_a_chargeback_of_a_completed_sale_is_noted_and_follows_its_case(
+    agent_factory: Any, sim_factory: Any
+) -> None:
+    """$2.50 captured and settled, then 'jane' refunds $0.50 and the cardholder's bank charges
+    back the $2.50 (the simulator's chargebacks are its data set's: written in its reporting
+    tables, read by the agent over HTTP like any). The whole read notes both, found by the
+    sale's trans id; once the case is won, the chargeback's amount is no longer counted given
+    back, and a note says so."""
+    sim, agent, record = await _completed(agent_factory, sim_factory)
+    audit = agent.journal_guard.audit
+    await sim_call(sim, "POST", "/sim/settle")
+    await agent.service.payments.void_or_refund(record.trans_id, amount=50,
+                                                user_identifier="jane")
+    case = {"chargeback_id": "7700001", "mid": agent.service.settings.mid,
+            "trans_id": record.trans_id, "case_number": "CB2026000001", "amount_cents": 250,
+            "reason_code": "10.4", "reason_text": "Fraud", "status": "OPEN",
+            "chargeback_date": "2026-11-30T09:00:00.000Z", "card_brand_id": 1,
+            "card_number": "XXXXXXXXXXXX1111"}
+    report_tables(sim.ctx).add_chargebacks([case])
+
+    result = await audit.check(settled=True)
+
+    assert result.later == [record.sale_id]
+    assert result.unaccounted == []
+    noted = agent.journal.get(record.sale_id)
+    assert (noted.later_cents, noted.later_status, noted.later_by) == (
+        300, "partly_refunded, chargeback_open", "jane, chargeback case CB2026000001")
+    assert (noted.captured_cents, noted.reversed_cents, noted.state) == (
+        250, 0, SaleState.COMPLETED)
+    await _faces_against_reporting(agent, record.sale_id)
+
+    sim.ctx.store.execute("UPDATE chargebacks SET status = 'WON' WHERE chargeback_id = ?",
+                          ("7700001",))
+    won = await audit.check(settled=True)
+
+    assert won.later == [record.sale_id]
+    after = agent.journal.get(record.sale_id)
+    assert (after.later_cents, after.later_status) == (50, "partly_refunded, chargeback_won")
+    await _faces_against_reporting(agent, record.sale_id)
+    [_, last] = [s for s in agent.journal.steps(record.sale_id) if s.step == Step.SERVICE_LATER]
+    assert "charged back and won back" in last.detail["message"]
