@@ -219,3 +219,32 @@ async def test_a_chargeback_of_a_completed_sale_is_noted_and_follows_its_case(
     await _faces_against_reporting(agent, record.sale_id)
     [_, last] = [s for s in agent.journal.steps(record.sale_id) if s.step == Step.SERVICE_LATER]
     assert "charged back and won back" in last.detail["message"]
+
+
+def test_a_journal_without_the_table_of_later_give_backs_reads_as_before(tmp_path: Any) -> None:
+    """A journal an older agent made and still holds (no ``sale_later`` yet: this release makes
+    it at its own open) is read in place by `kiosk-agent sales`: its completed sale is listed,
+    with nothing noted of it, and the read fails on no missing table."""
+    from kiosk_agent.sales.journal import Journal, SaleRecord
+    from tests.helpers import walk_to
+
+    path = tmp_path / "journal.db"
+    journal = Journal(path)
+    journal.open()
+    sale = journal.create(SaleRecord(sale_id="s1", order_id="KA1", source="test",
+                                     flow="charge_card", terminal="SIM-0001", amount_cents=250,
+                                     state=SaleState.STARTED))
+    walk_to(journal, sale, SaleState.COMPLETED, trans_id="1001", captured_cents=250)
+    journal.db.execute("DROP TABLE sale_later")
+    journal.close()
+    reader = Journal(path)
+    reader.open_to_read()
+    try:
+        [listed] = [s for page in reader.pages() for s in page]
+        assert (listed.sale_id, listed.state, listed.captured_cents) == (
+            "s1", SaleState.COMPLETED, 250)
+        assert listed.later_cents is None
+        assert reader.get("s1") == listed
+        assert reader.query(limit=25) == [listed]
+    finally:
+        reader.close()
