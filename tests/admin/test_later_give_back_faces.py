@@ -4,19 +4,25 @@ give-backs; tests/sales/test_later_give_back.py has the sums against reporting).
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import io
+import json
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
+from kiosk_agent.cli import main
 from kiosk_agent.service.models import TransactionFilter, TransStatus
 from tests.admin.test_server import _sell
 
 
 async def test_the_api_the_export_and_the_page_show_a_void_made_at_the_service_later(
-    agent: Any, admin_server: Any, admin_headers: dict[str, str]
+    agent: Any, admin_server: Any, admin_headers: dict[str, str], tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     done = await _sell(agent, 1999)
     record = agent.journal.get(done.sale_id)
@@ -54,3 +60,13 @@ async def test_the_api_the_export_and_the_page_show_a_void_made_at_the_service_l
     assert shown["money"] == "$19.99 charged ($19.99 given back since by others, at the service)"
     assert shown["later_cents"] == 1999
     assert any(s["step"] == "service.later" for s in shown["steps"])
+
+    # the command line reads the journal file: the same figures
+    config = str(tmp_path / "config.yaml")
+    capsys.readouterr()
+    assert await asyncio.to_thread(main, ["sales", "-c", config, "--format", "json"]) == 0
+    [listed] = [s for s in json.loads(capsys.readouterr().out) if s["sale_id"] == record.sale_id]
+    assert Decimal(listed["given_back_by_others"]) == voided
+    assert await asyncio.to_thread(main, ["sales", "-c", config]) == 0
+    table = capsys.readouterr().out
+    assert "$19.99 charged ($19.99 given back since by others, at the service)" in table
