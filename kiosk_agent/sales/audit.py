@@ -700,6 +700,8 @@ class LaterGiveBacks:
     ) -> _Held | None:
         """A void's or refunds' part of :meth:`held`."""
         if status is TransStatus.VOIDED:  # no row of its own: the voided row names who, no date
+            if (charge.user_identifier or "") == agent:
+                return None  # the agent's own give-back, never another's: not said as one
             return (charge.amount_cents, _LATER_NAMES[status], charge.user_identifier or "",
                     None, [])
         shown = self.refunds.get(key, [])

@@ -21,6 +21,7 @@ from kiosk_agent.cli.sales import sale_text
 from kiosk_agent.export import export_sales
 from kiosk_agent.sales.model import Flow, SaleRequest, money_text
 from kiosk_agent.sales.states import SaleState, Step
+from kiosk_agent.sales.steps import agent_user
 from kiosk_agent.service.models import Transaction, TransactionFilter, TransStatus
 from kiosk_agent.service.models.reports import ChargebackFilter, ChargebackStatus
 from kiosk_agent.service.settings import CallKind
@@ -248,3 +249,21 @@ def test_a_journal_without_the_table_of_later_give_backs_reads_as_before(tmp_pat
         assert reader.query(limit=25) == [listed]
     finally:
         reader.close()
+
+
+async def test_a_give_back_named_as_the_agents_own_is_not_said_to_be_anothers(
+    agent_factory: Any, sim_factory: Any
+) -> None:
+    """A completed sale's charge voided under the agent's own name (``kiosk-agent <unit>``):
+    not a give-back by others, so not noted as one (what the agent gives back is its own
+    figure, ``reversed``, and only its flows write it)."""
+    _, agent, record = await _completed(agent_factory, sim_factory)
+    await agent.service.payments.void_or_refund(record.trans_id,
+                                                user_identifier=agent_user(agent.unit))
+
+    result = await agent.journal_guard.audit.check(settled=True)
+
+    assert result.ok, result.error
+    assert result.later == []
+    kept = agent.journal.get(record.sale_id)
+    assert (kept.later_cents, kept.captured_cents, kept.reversed_cents) == (None, 250, 0)
