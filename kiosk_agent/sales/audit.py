@@ -264,7 +264,9 @@ class ChargeAudit:
             return result
         result.seen = seen
         result.foreign = [row.trans_id for row in foreign]
-        result.later = self._note_later(self._later)
+        if self._later.charges and (self.before_money is None or await self.before_money()):
+            # a note, no money; but nothing is written on a journal's file found damaged
+            result.later = self._note_later(self._later)
         self._unproven, self._unheld, self._unmade = {}, set(), {}
         found = [(row, record) for row in held if (record := self._unaccounted(row, running))]
         if found and self.before_money is not None and not await self.before_money():
@@ -403,8 +405,9 @@ class ChargeAudit:
             self.later_noted += 1
             noted.append(sale_id)
             _LOGGER.warning("charge check: sale %s: its charge %s was %s at the service after "
-                            "the sale completed (%d cents, not by the agent's sale); noted, no "
-                            "money moved", sale_id, charge.trans_id, status, cents)
+                            "the sale completed (%d cents given back by someone else); noted, "
+                            "no money moved by the agent", sale_id, charge.trans_id, status,
+                            cents)
         return noted
 
     async def _chargebacks(self, page_size: int | None) -> dict[str, list[ChargebackSeen]]:

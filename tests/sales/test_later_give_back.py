@@ -267,3 +267,30 @@ async def test_a_give_back_named_as_the_agents_own_is_not_said_to_be_anothers(
     assert result.later == []
     kept = agent.journal.get(record.sale_id)
     assert (kept.later_cents, kept.captured_cents, kept.reversed_cents) == (None, 250, 0)
+
+
+async def test_nothing_is_noted_on_a_journal_found_damaged(
+    agent_factory: Any, sim_factory: Any
+) -> None:
+    """The journal's file found damaged (its check says so: ``before_money`` False): the check
+    reads, but writes no note on it, as it gives nothing back on it; once it is sound, the next
+    whole read notes the refund."""
+    sim, agent, record = await _completed(agent_factory, sim_factory)
+    audit = agent.journal_guard.audit
+    await sim_call(sim, "POST", "/sim/settle")
+    await agent.service.payments.void_or_refund(record.trans_id, amount=100,
+                                                user_identifier="jane")
+    sound = [False]
+
+    async def verdict() -> bool:
+        return sound[0]
+
+    audit.before_money = verdict
+    damaged = await audit.check(settled=True)
+    assert damaged.later == []
+    assert agent.journal.get(record.sale_id).later_cents is None
+    assert not [s for s in agent.journal.steps(record.sale_id) if s.step == Step.SERVICE_LATER]
+    sound[0] = True
+    again = await audit.check(settled=True)
+    assert again.later == [record.sale_id]
+    assert agent.journal.get(record.sale_id).later_cents == 100
