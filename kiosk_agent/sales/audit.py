@@ -43,6 +43,7 @@ from kiosk_agent.sales.attention import LATE_CHARGE_HANDOVER_S, late_charge_watc
 from kiosk_agent.sales.clock import next_turn
 from kiosk_agent.sales.journal import CHARGE_LOOKBACK_S, SaleRecord
 from kiosk_agent.sales.journal_reads import OrderState
+from kiosk_agent.sales.journal_records import Later
 from kiosk_agent.sales.model import Flow, SaleEvent
 from kiosk_agent.sales.runner import new_ids
 from kiosk_agent.sales.settings import CHARGE_CHECK_MAX_GIVE_BACK
@@ -400,7 +401,7 @@ class ChargeAudit:
                         "by": by, "dated_by_service": dated is not None, "refunds": refunds,
                         "message": later_words(cents, status, given_back_by(by, self.unit),
                                                record.currency)},
-                later_cents=cents, later_status=status, later_by=by, later_at=at,
+                later=Later(cents, status, by, at),
             )
             self.later_noted += 1
             noted.append(sale_id)

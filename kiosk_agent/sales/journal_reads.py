@@ -18,6 +18,7 @@ from kiosk_agent.sales.journal_records import (
     _SELECT_SALES,
     LATER_COLUMNS,
     LATER_TABLE,
+    Later,
     SaleRecord,
     StepRecord,
     _record,
@@ -95,8 +96,8 @@ class JournalReads:
                 return records
         if not noted:
             return records
-        return [replaced(r, **dict(zip(LATER_COLUMNS, noted[r.sale_id], strict=True)))
-                if r.sale_id in noted else r for r in records]
+        return [replaced(r, later=Later(*noted[r.sale_id])) if r.sale_id in noted else r
+                for r in records]
 
     def _every_later(self) -> dict[str, tuple[Any, ...]]:
         """The whole ``sale_later`` table (a few rows a year), for :meth:`pages`."""

@@ -240,7 +240,7 @@ _LATE_VEND_NOTES = frozenset({Step.LATE_VEND, Step.LATE_VEND_SEEN})
 # what the service holds now of a completed sale's charge, given back by others after it ended:
 # the only fields a note on a settled sale sets (Step.SERVICE_LATER); what the agent captured
 # and gave back stays as it was
-LATER_FIELDS = frozenset({"later_cents", "later_status", "later_by", "later_at"})
+LATER_FIELDS = frozenset({"later"})
 ANY_STEP = None  # an edge any step may take
 _Edges = Mapping[SaleState, frozenset[Step] | None]
 
