@@ -63,6 +63,14 @@ SALE_COLUMNS = (
     "message",
     "kind",  # a new column goes last: a script reading columns by position keeps working
     "late_vend",  # when the machine said the product went out after the sale gave up, or ""
+    # given back at the service by others after the sale completed (a person's refund at the
+    # portal, a void, another program's), as the charge check last read reporting: the cents,
+    # the charge's status there, who (reporting's ``user_identifier``), when; "" where none.
+    # Apart from ``captured`` and ``reversed`` (the agent's own), never taken off either
+    "given_back_by_others",
+    "service_status",
+    "given_back_by",
+    "given_back_at",
 )
 
 
@@ -82,7 +90,7 @@ class Amount:
 STREAM_TIMES = frozenset({
     "at", "since", "until", "started_at", "checked_at", "last_ping_at", "key_expires_at",
     "made_at", "day_started_at", "last_read_at", "charges_checked_at", "created_at",
-    "updated_at", "finished_at", "answer_by", "sent_at",
+    "updated_at", "finished_at", "answer_by", "sent_at", "later_at",
 })
 
 
@@ -295,6 +303,10 @@ def sale_values(sale: SaleRecord, late_vend_at: float | None = None) -> dict[str
         "message": sale.message,
         "kind": sale_kind(sale),
         "late_vend": optional_timestamp(late_vend_at) or "",
+        "given_back_by_others": "" if sale.later_cents is None else Amount(sale.later_cents),
+        "service_status": sale.later_status or "",
+        "given_back_by": sale.later_by or "",
+        "given_back_at": optional_timestamp(sale.later_at) or "",
     }
 
 
@@ -308,7 +320,7 @@ def sale_kind(sale: SaleRecord) -> str:
 
 # A sale's wall times (Unix seconds in the journal); its sent_mono is the monotonic clock's, no
 # moment of the calendar, and stays a number of seconds.
-SALE_TIMES = ("created_at", "updated_at", "finished_at", "answer_by", "sent_at")
+SALE_TIMES = ("created_at", "updated_at", "finished_at", "answer_by", "sent_at", "later_at")
 
 
 def sale_json(sale: SaleRecord) -> dict[str, Any]:

@@ -272,7 +272,8 @@ def test_every_exported_sale_says_its_kind_as_the_journal_and_the_api_records_do
     text = capsys.readouterr().out
     assert text.splitlines()[0].split(",") == list(SALE_COLUMNS)
     # each added last: columns read by position stay where they were
-    assert SALE_COLUMNS[-2:] == ("kind", "late_vend")
+    assert SALE_COLUMNS[14:] == ("kind", "late_vend", "given_back_by_others", "service_status",
+                                 "given_back_by", "given_back_at")
     assert {r["sale_id"]: r["kind"] for r in csv.DictReader(io.StringIO(text))} == expected
     assert main(["sales", "-c", str(config), "--format", "json", "--kind", "all"]) == 0
     exported = json.loads(capsys.readouterr().out)

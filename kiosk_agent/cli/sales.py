@@ -470,6 +470,10 @@ def sale_text(record: SaleRecord, steps: Sequence[Any]) -> str:
         ("authorized", format_cents(record.authorized_cents, record.currency)),
         ("captured", format_cents(record.captured_cents, record.currency)),
         ("reversed", format_cents(record.reversed_cents, record.currency)),
+        *([("by others", f"{format_cents(record.later_cents, record.currency)} "
+            f"{record.later_status or ''} at the service after it completed"
+            f"{' by ' + repr(record.later_by) if record.later_by else ''} "
+            f"({at(record.later_at)})")] if record.later_cents is not None else []),
         ("source", record.source),
         ("flow", record.flow),
         ("terminal", record.terminal),

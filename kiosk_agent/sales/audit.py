@@ -38,15 +38,17 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from dataclasses import field, replace
 
 from kiosk_agent.data_class import data_class
+from kiosk_agent.money import format_cents
 from kiosk_agent.sales.attention import LATE_CHARGE_HANDOVER_S, late_charge_watched
 from kiosk_agent.sales.clock import next_turn
 from kiosk_agent.sales.journal import CHARGE_LOOKBACK_S, SaleRecord
 from kiosk_agent.sales.journal_reads import OrderState
+from kiosk_agent.sales.journal_records import Later
 from kiosk_agent.sales.model import Flow, SaleEvent
 from kiosk_agent.sales.runner import new_ids
 from kiosk_agent.sales.settings import CHARGE_CHECK_MAX_GIVE_BACK
 from kiosk_agent.sales.states import NO_CHARGE_STEPS, SaleState, Step
-from kiosk_agent.sales.steps import SaleContext, SaleSteps
+from kiosk_agent.sales.steps import SaleContext, SaleSteps, agent_user, given_back_by
 from kiosk_agent.sales.unit import split_order_id
 from kiosk_agent.service.errors import ServiceError
 from kiosk_agent.service.models import Transaction, TransactionFilter, TransStatus
@@ -176,6 +178,8 @@ class AuditResult:
     error: str = ""  # reporting could not be asked: nothing was decided
     # not made because the unit is not confirmed (error: its refusal): the unit's problem says so
     by_unit: bool = False
+    # completed sales whose charge this check found given back by others since (sale ids noted)
+    later: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -188,6 +192,7 @@ class AuditResult:
             "unaccounted": len(self.unaccounted),
             "foreign": len(self.foreign),
             "ended": {e.sale_id: e.state.value for e in self.events},
+            "later": len(self.later),
             "error": self.error,
         }
 
@@ -227,6 +232,10 @@ class ChargeAudit:
         # a check's charges under an order id of the unit's that it never sent (``-held``, a
         # suffix of a form it never writes, an attempt past a sale's last): trans id -> why
         self._unmade: dict[str, str] = {}
+        # the completed sales' charges found given back by others after the sale ended, in the
+        # check that reads the terminals' whole history (``LaterGiveBacks``): noted this run
+        self.later_noted = 0
+        self._later = LaterGiveBacks()
 
     async def check(
         self, running: Collection[str] = (), settled: bool = True, *,
@@ -256,6 +265,9 @@ class ChargeAudit:
             return result
         result.seen = seen
         result.foreign = [row.trans_id for row in foreign]
+        if self._later.charges and (self.before_money is None or await self.before_money()):
+            # a note, no money; but nothing is written on a journal's file found damaged
+            result.later = self._note_later(self._later)
         self._unproven, self._unheld, self._unmade = {}, set(), {}
         found = [(row, record) for row in held if (record := self._unaccounted(row, running))]
         if found and self.before_money is not None and not await self.before_money():
@@ -305,6 +317,10 @@ class ChargeAudit:
         every charge of the window (a week of a busy machine's, a model each: a 15-minute check
         over 14,000 of them grew the agent by 25 MB, kept after)."""
         rows: dict[str, Transaction] = {}
+        later = LaterGiveBacks()
+        self._later = later
+        if settled:  # the whole read: with it, the chargebacks (one collection, a few rows)
+            later.chargebacks = await self._chargebacks(page_size)
         accounted = _Accounted(self._now() - self.lookback)
         asked: dict[str, str] = {}  # trans id -> the terminal it was asked under
         newest = 0.0  # the service's latest charge on these terminals: real time, at most now
@@ -323,9 +339,12 @@ class ChargeAudit:
                 if at is not None:
                     newest = max(newest, at)
                 status = row.status
+                sale = None if base is None else sales.get(base)
+                if (sale is not None and sale.state is SaleState.COMPLETED and status is not None
+                        and (status in _LATER or (later.chargebacks and status in _HOLDING))):
+                    later.saw(row, sale, status)
                 if status not in _CHARGES:
                     continue
-                sale = None if base is None else sales.get(base)
                 mine = self._held_by_journal(base, sale) or self._provably_ours(row.order_id)
                 if mine and at is not None:
                     newest_own = max(newest_own, at)
@@ -353,6 +372,62 @@ class ChargeAudit:
         self.foreign.saw([(asked[row.trans_id], row) for row in foreign], start + self.lookback)
         held = [row for row in ours if row.status in _HOLDING]
         return held, foreign, len(held) + accounted.count(start)
+
+    def _note_later(self, later: LaterGiveBacks) -> list[str]:
+        """Journal on each of the agent's own completed sales what the service holds now of its
+        charge where someone else voided or refunded it after the sale ended (found by its
+        trans id, a refund's row by the ``related_trans_id`` naming it: never by amount or
+        time), once a change: a note (``service.later``) and the sale's ``later_*`` fields. No
+        money moves: it is not the agent's move. The sale ids noted."""
+        noted = []
+        before = self.journal.later_noted(later.charges)
+        for sale_id, (order, charge) in later.charges.items():
+            parts = split_order_id(charge.order_id)
+            if parts is None or not self._held_by_journal(parts[0], order):
+                continue
+            now = later.held(charge, agent_user(self.unit))
+            if now is None:
+                continue
+            cents, status, by, dated, refunds = now
+            if before.get(sale_id) == (cents, status, by):
+                continue  # noted already: a note a change, not a check (one read for them all)
+            record = self.journal.get(sale_id)
+            if record is None or record.state is not SaleState.COMPLETED:
+                continue
+            at = self._now() if dated is None else dated  # undated: when the check found it
+            self.journal.record(
+                record, Step.SERVICE_LATER,
+                detail={"trans_id": charge.trans_id, "status": status, "cents": cents,
+                        "by": by, "dated_by_service": dated is not None, "refunds": refunds,
+                        "message": later_words(cents, status, given_back_by(by, self.unit),
+                                               record.currency)},
+                later=Later(cents, status, by, at),
+            )
+            self.later_noted += 1
+            noted.append(sale_id)
+            _LOGGER.warning("charge check: sale %s: its charge %s was %s at the service after "
+                            "the sale completed (%d cents given back by someone else); noted, "
+                            "no money moved by the agent", sale_id, charge.trans_id, status,
+                            cents)
+        return noted
+
+    async def _chargebacks(self, page_size: int | None) -> dict[str, list[ChargebackSeen]]:
+        """Reporting's chargebacks of this unit's merchant, by the trans id each names (as
+        :func:`trans_key` compares them): a few a year, read whole with the terminals' history
+        (their status moves on: open, then won or lost)."""
+        from kiosk_agent.service.models.reports import ChargebackFilter
+
+        query = ChargebackFilter(mid=self.settings.mid)
+        found: dict[str, list[ChargebackSeen]] = {}
+        async for case in self.context.service.reporting.chargebacks(query, page_size=page_size):
+            if not case.trans_id or (case.mid and case.mid != self.settings.mid):
+                continue
+            at = case.chargeback_date
+            found.setdefault(trans_key(case.trans_id), []).append(ChargebackSeen(
+                str(case.chargeback_id), case.amount_cents, str(case.status or ""),
+                case.case_number or "", None if at is None else (
+                    at if at.tzinfo else at.replace(tzinfo=dt.UTC)).timestamp()))
+        return found
 
     def _held_by_journal(self, base: str | None, sale: OrderState | None) -> bool:
         """Provably this unit's as :meth:`_provably_ours` says, for a row whose sale the journal
@@ -545,6 +620,122 @@ class ChargeAudit:
         if event.state is SaleState.REVERSED:
             self.given_back += 1
         return event
+
+
+_LATER = frozenset({TransStatus.VOIDED, TransStatus.REFUNDED, TransStatus.PARTIALLY_REFUNDED,
+                    TransStatus.REFUND})
+_LATER_NAMES = {TransStatus.VOIDED: "voided", TransStatus.REFUNDED: "refunded",
+                TransStatus.PARTIALLY_REFUNDED: "partly_refunded"}
+
+
+@data_class(frozen=True, slots=True)
+class ChargebackSeen:
+    """One chargeback of reporting's, as the charge check keeps it (not its card's fields)."""
+
+    id: str
+    cents: int
+    status: str  # OPEN, WON, LOST (ChargebackStatus), or as reporting wrote it
+    case: str
+    at: float | None  # the service's date of it
+
+
+# A chargeback's status -> the sale's later status, and whether its amount is taken back from
+# the merchant (open: held back while disputed; lost: for good; won: given back to it)
+_CHARGEBACK = {"OPEN": ("chargeback_open", True), "LOST": ("chargeback_lost", True),
+               "WON": ("chargeback_won", False)}
+_Held = tuple[int, str, str, float | None, list[str]]
+
+
+class LaterGiveBacks:
+    """What one check that reads the terminals' whole history saw of the completed sales'
+    charges given back since: each such sale's charge row (voided, refunded, partly refunded,
+    or charged back: matched by its trans id to the one the journal holds), the refunds' own
+    rows naming it (``related_trans_id``) and reporting's chargebacks naming it (its
+    ``trans_id``). Kept only for those: a few, where the history is thousands."""
+
+    def __init__(self) -> None:
+        self.charges: dict[str, tuple[OrderState, Transaction]] = {}
+        self.refunds: dict[str, list[Transaction]] = {}
+        self.chargebacks: dict[str, list[ChargebackSeen]] = {}
+
+    def saw(self, row: Transaction, sale: OrderState, status: TransStatus) -> None:
+        if sale.trans_id is None or sale.source == AUDIT_SOURCE:
+            return
+        own = trans_key(sale.trans_id)
+        if status is TransStatus.REFUND:
+            if row.related_trans_id and trans_key(row.related_trans_id) == own:
+                self.refunds.setdefault(own, []).append(row)
+        elif trans_key(row.trans_id) == own and (status in _LATER_NAMES
+                                                 or own in self.chargebacks):
+            self.charges[sale.sale_id] = (sale, row)
+
+    def held(self, charge: Transaction, agent: str) -> _Held | None:
+        """Given back by others, as reporting shows it now: (cents, status, who, the service's
+        date of the latest refund's row or chargeback (None for a void alone: reporting dates
+        none), the refunds' and chargebacks' ids); None when it shows no figure the agent can
+        read (a negative amount, a charge partly refunded with no refund's row naming it, a
+        chargeback in a status it does not know)."""
+        status = charge.status
+        if status is None or charge.amount_cents < 0:
+            return None
+        key = trans_key(charge.trans_id)
+        parts: list[_Held] = []
+        if status in _LATER_NAMES:
+            given = self._given_back(charge, status, key, agent)
+            if given is None:
+                return None
+            parts.append(given)
+        for case in self.chargebacks.get(key, []):
+            known = _CHARGEBACK.get(case.status.upper())
+            if known is None or case.cents < 0:
+                return None
+            name, taken = known
+            parts.append((case.cents if taken else 0, name, f"chargeback case {case.case}",
+                          case.at, [case.id]))
+        if not parts:
+            return None
+        dates = [p[3] for p in parts if p[3] is not None]
+        return (sum(p[0] for p in parts), ", ".join(dict.fromkeys(p[1] for p in parts)),
+                ", ".join(dict.fromkeys(p[2] for p in parts if p[2])),
+                max(dates) if dates else None, [i for p in parts for i in p[4]])
+
+    def _given_back(
+        self, charge: Transaction, status: TransStatus, key: str, agent: str
+    ) -> _Held | None:
+        """A void's or refunds' part of :meth:`held`."""
+        if status is TransStatus.VOIDED:  # no row of its own: the voided row names who, no date
+            if (charge.user_identifier or "") == agent:
+                return None  # the agent's own give-back, never another's: not said as one
+            return (charge.amount_cents, _LATER_NAMES[status], charge.user_identifier or "",
+                    None, [])
+        shown = self.refunds.get(key, [])
+        rows = [r for r in shown if (r.user_identifier or "") != agent]
+        if any(r.amount_cents < 0 for r in rows) or (shown and not rows):
+            return None  # a figure it cannot read; or the agent's own refunds, not others'
+        if not rows:
+            if status is not TransStatus.REFUNDED:
+                return None
+            # refunded whole by its status, its refund's row not shown: the charge's figure
+            return (charge.amount_cents, _LATER_NAMES[status], "", None, [])
+        rows.sort(key=lambda r: r.trans_at or 0.0)
+        makers = list(dict.fromkeys(r.user_identifier or "" for r in rows))
+        dates = [r.trans_at for r in rows if r.trans_at is not None]
+        return (sum(r.amount_cents for r in rows), _LATER_NAMES[status], ", ".join(makers),
+                max(dates) if dates else None, [r.trans_id for r in rows])
+
+
+def later_words(cents: int, status: str, who: str, currency: str = "USD") -> str:
+    """A later give-back in a sale's words (``who``: :func:`given_back_by`'s): ``$1.00
+    refunded at the service after the sale completed by 'jane' (not the agent); the agent
+    moved no money on it``."""
+    how = ", ".join({"voided": "voided", "refunded": "refunded",
+                     "partly_refunded": "refunded (part of it)",
+                     "chargeback_open": "charged back (disputed, open)",
+                     "chargeback_lost": "charged back (lost)",
+                     "chargeback_won": "charged back and won back"}.get(part, part)
+                    for part in status.split(", "))
+    return (f"{format_cents(cents, currency)} {how} at the service after the sale completed"
+            f"{who}; the agent moved no money on it")
 
 
 class _Accounted:

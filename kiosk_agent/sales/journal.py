@@ -51,6 +51,7 @@ from kiosk_agent.sales.journal_records import (
     _COLUMN_SET,
     _SALES_COLUMNS,
     _SELECT_SALES,
+    LATER_COLUMNS,
     HeldStep,
     SaleRecord,
     StepRecord,
@@ -146,6 +147,13 @@ CREATE TABLE IF NOT EXISTS sale_sends (
     sent_at   REAL,
     sent_mono REAL,
     sent_boot TEXT
+);
+CREATE TABLE IF NOT EXISTS sale_later (
+    sale_id      TEXT PRIMARY KEY REFERENCES sales(sale_id),
+    later_cents  INTEGER,
+    later_status TEXT,
+    later_by     TEXT,
+    later_at     REAL
 );
 """
 
@@ -1481,7 +1489,10 @@ def _update_sql(names: tuple[str, ...]) -> str:
 def _write_beside(db: sqlite3.Connection, sale_id: str, row: Mapping[str, Any]) -> None:
     """The sale's facts kept beside ``sales`` (``_BESIDE``), when it has any."""
     for columns, upsert in _BESIDE_UPSERTS:
-        values = {c: row.get(c) for c in columns}
+        if columns is LATER_COLUMNS:  # the record's one field for them
+            values = dict(zip(columns, row.get("later") or (None,) * len(columns), strict=True))
+        else:
+            values = {c: row.get(c) for c in columns}
         if all(value is None for value in values.values()):
             continue
         values["sale_id"] = sale_id

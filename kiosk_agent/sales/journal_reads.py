@@ -14,7 +14,16 @@ from typing import Any, NamedTuple
 
 from kiosk_agent.moments import day_bounds
 from kiosk_agent.sales.clock import Clock
-from kiosk_agent.sales.journal_records import _SELECT_SALES, SaleRecord, StepRecord, _record
+from kiosk_agent.sales.journal_records import (
+    _SELECT_SALES,
+    LATER_COLUMNS,
+    LATER_TABLE,
+    Later,
+    SaleRecord,
+    StepRecord,
+    _record,
+    replaced,
+)
 from kiosk_agent.sales.kinds import SaleKind, kind_sql
 from kiosk_agent.sales.states import SaleState, Step
 
@@ -63,11 +72,56 @@ class JournalReads:
 
     def get(self, sale_id: str) -> SaleRecord | None:
         row = self.db.execute(f"{_SELECT_SALES} WHERE sales.sale_id = ?", (sale_id,)).fetchone()
-        return None if row is None else _record(row)
+        return None if row is None else self._with_later([_record(row)])[0]
 
     def by_order_id(self, order_id: str) -> SaleRecord | None:
         row = self.db.execute(f"{_SELECT_SALES} WHERE order_id = ?", (order_id,)).fetchone()
-        return None if row is None else _record(row)
+        return None if row is None else self._with_later([_record(row)])[0]
+
+    def _with_later(
+        self, records: list[SaleRecord], noted: dict[str, tuple[Any, ...]] | None = None
+    ) -> list[SaleRecord]:
+        """``records`` with what is noted of each completed one given back at the service
+        after it (``sale_later``: a few sales a year, read here for these in one query, or
+        from ``noted``, the whole table read once for an export's pages; never joined into
+        every read). A journal this release has not migrated yet, read beside an older agent,
+        has no such table: nothing noted."""
+        if noted is None:
+            done = [r.sale_id for r in records if r.state is SaleState.COMPLETED]
+            if not done:
+                return records
+            try:
+                noted = self._later_rows(done, LATER_COLUMNS)
+            except sqlite3.OperationalError:  # no such table (an older journal, read only)
+                return records
+        if not noted:
+            return records
+        return [replaced(r, later=Later(*noted[r.sale_id])) if r.sale_id in noted else r
+                for r in records]
+
+    def _every_later(self) -> dict[str, tuple[Any, ...]]:
+        """The whole ``sale_later`` table (a few rows a year), for :meth:`pages`."""
+        try:
+            return {sale_id: tuple(rest) for sale_id, *rest in self.db.execute(
+                f"SELECT sale_id, {', '.join(LATER_COLUMNS)} FROM {LATER_TABLE}")}  # noqa: S608
+        except sqlite3.OperationalError:  # no such table (an older journal, read only)
+            return {}
+
+    def _later_rows(
+        self, sale_ids: Iterable[str], columns: tuple[str, ...]
+    ) -> dict[str, tuple[Any, ...]]:
+        wanted = list(dict.fromkeys(sale_ids))
+        found: dict[str, tuple[Any, ...]] = {}
+        names = ", ".join(columns)
+        for start in range(0, len(wanted), _IN_LIST_MAX):
+            part = wanted[start:start + _IN_LIST_MAX]
+            marks = ", ".join("?" for _ in part)
+            for sale_id, *noted in self.db.execute(
+                f"SELECT sale_id, {names} FROM {LATER_TABLE} "  # noqa: S608 - module's names
+                f"WHERE sale_id IN ({marks})", part
+            ):
+                found[sale_id] = tuple(noted)
+        return found
 
     def order_states(self, order_ids: Iterable[str]) -> dict[str, OrderState]:
         """The sale id, state, source, attempt and trans id of each of ``order_ids`` the journal
@@ -85,6 +139,12 @@ class JournalReads:
             ):
                 found[order_id] = OrderState(sale_id, _STATE_OF[state], source, attempt, trans_id)
         return found
+
+    def later_noted(self, sale_ids: Iterable[str]) -> dict[str, tuple[Any, ...]]:
+        """What is noted of each of ``sale_ids`` as given back at the service after it
+        completed (``later_cents``, ``later_status``, ``later_by``), those that have a note: one
+        read a few hundred at a time, so the charge check compares without reading each sale."""
+        return self._later_rows(sale_ids, LATER_COLUMNS[:3])
 
     def under_order_base(self, base: str) -> list[SaleRecord]:
         """The sales under order id ``base`` and its suffixed forms (``base-2``,
@@ -108,7 +168,7 @@ class JournalReads:
             f"{_SELECT_SALES} WHERE sales.sale_id GLOB ? LIMIT ?",
             (f"{prefix.translate(_GLOB_LITERAL)}*", limit),
         )
-        return [_record(r) for r in rows]
+        return self._with_later([_record(r) for r in rows])
 
     def find(self, wanted: str) -> SaleRecord:
         """A sale named by its order_id, its whole id, or a unique prefix of its id (as the
@@ -165,7 +225,7 @@ class JournalReads:
         if limit is not None:
             sql += " LIMIT ?"
             args.append(limit)
-        return [_record(r) for r in self.db.execute(sql, args)]
+        return self._with_later([_record(r) for r in self.db.execute(sql, args)])
 
     def pages(
         self,
@@ -184,6 +244,7 @@ class JournalReads:
         sale seen (its time and rowid), so a sale made meanwhile neither repeats nor shifts
         them; ``older_than``: from that place in the order on (:meth:`place`)."""
         where, args = _filters(since, until, states, None, kind)
+        later = self._every_later()
         after = older_than
         left = limit
         while left is None or left > 0:
@@ -200,7 +261,7 @@ class JournalReads:
             rows = self.db.execute(sql, [*page_args, wanted]).fetchall()
             if not rows:
                 return
-            yield [_record(r) for r in rows]
+            yield self._with_later([_record(r) for r in rows], later)
             after = (rows[-1]["created_at"], rows[-1]["page_rowid"])
             if left is not None:
                 left -= len(rows)

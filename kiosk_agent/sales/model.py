@@ -323,6 +323,11 @@ def money_text(sale: SaleMoney) -> str:
             given_back = f" ({dollars(sale.reversed_cents)} given back)"
         else:  # an authorization voided: the hold on the card is released
             given_back = f" ({dollars(sale.reversed_cents)} hold released)"
+        # given back at the service by others after it completed (a person's refund at the
+        # portal): said apart, never taken off what the agent charged (sales/audit.py)
+        later = getattr(sale, "later_cents", None)
+        if later:
+            given_back += f" ({dollars(later)} given back since by others, at the service)"
         if kept:
             return f"{dollars(kept)} charged{given_back}"
         return f"nothing charged{given_back}"

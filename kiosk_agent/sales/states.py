@@ -172,6 +172,9 @@ class Step(enum.StrEnum):
     JOURNAL_RESTORED = "journal.restored"  # the sale as memory held it, written again
     AUDIT_FOUND = "audit.found"  # a charge in reporting the journal did not hold
     AUDIT_UNDECIDED = "audit.undecided"  # too many such at once: a person looks
+    # a note: the charge check found the sale's charge voided, refunded or charged back at the
+    # service after the sale ended, by someone else (sales/audit.py, ``LaterGiveBacks``)
+    SERVICE_LATER = "service.later"
 
 
 @data_class(frozen=True, slots=True)
@@ -234,6 +237,10 @@ S = SaleState
 # a product dispensed after its sale gave up waiting, and a person's acknowledgement: notes on
 # the sale in whatever state it is (they change none of its fields)
 _LATE_VEND_NOTES = frozenset({Step.LATE_VEND, Step.LATE_VEND_SEEN})
+# what the service holds now of a completed sale's charge, given back by others after it ended:
+# the only fields a note on a settled sale sets (Step.SERVICE_LATER); what the agent captured
+# and gave back stays as it was
+LATER_FIELDS = frozenset({"later"})
 ANY_STEP = None  # an edge any step may take
 _Edges = Mapping[SaleState, frozenset[Step] | None]
 
@@ -271,7 +278,7 @@ TRANSITIONS: Mapping[SaleState, _Edges] = {
     },
     # reopened by the late-charge net only, after a NO_CHARGE_STEPS end
     S.FAILED: {S.REVERSING: frozenset({Step.LATE_FOUND}), S.FAILED: _LATE_VEND_NOTES},
-    S.COMPLETED: {S.COMPLETED: frozenset({Step.RECEIPT, *_LATE_VEND_NOTES})},
+    S.COMPLETED: {S.COMPLETED: frozenset({Step.RECEIPT, Step.SERVICE_LATER, *_LATE_VEND_NOTES})},
     S.DECLINED: {S.DECLINED: _LATE_VEND_NOTES},
     S.CANCELLED: {S.CANCELLED: _LATE_VEND_NOTES},
     S.REVERSED: {S.REVERSED: _LATE_VEND_NOTES},
@@ -357,7 +364,8 @@ def check_transition(
         raise refuse(f"only by {allowed}")
     if named in REOPENED_AFTER and last_step not in REOPENED_AFTER[named]:
         raise refuse("the late-charge net reopens only a sale that ended on no charge")
-    if wanted is current and current in _SETTLED and changed:
+    if (wanted is current and current in _SETTLED and changed
+            and not (named is Step.SERVICE_LATER and set(changed) <= LATER_FIELDS)):
         # a receipt note on a completed sale must not rewrite what it took or gave back
         fields = ", ".join(sorted(changed))
         raise refuse(f"{current.value} is final: a note changes none of its fields ({fields})")

@@ -126,7 +126,9 @@ async def test_a_check_asks_reporting_once_a_terminal(agent_factory: Any) -> Non
         forget()
     assert result.ok, result.error
     assert len(audit.settings.terminals) > 1
-    assert kinds.count(CallKind.REPORT) == len(audit.settings.terminals)
+    # and the merchant's chargebacks, once (a few a year: a sale charged back after it
+    # completed is noted on it, tests/sales/test_later_give_back.py)
+    assert kinds.count(CallKind.REPORT) == len(audit.settings.terminals) + 1
 
 
 def most_reporting_calls_at_once(agent: Any) -> tuple[list[tuple[float, float]], Any]:
