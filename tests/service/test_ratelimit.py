@@ -78,14 +78,24 @@ async def test_two_clients_together_stay_under_the_services_limit(
 ) -> None:
     # The service allows 20/s with bursts of 40 per credential. Each client alone would keep to
     # 20/s with bursts of 20; two with limiters of their own would send 40/s and hear 429s.
+    # Each client calls from 8 callers (a unit's eight readers), 3 calls each: at most 16 calls
+    # are granted and not yet judged, so in any span of t s the service judges at most
+    # 20 + 20 t + 16 of them, under its 40 + 20 t however slowly the loop runs (the simulator
+    # shares it). With the 50 calls all at once, a starved loop granted 44 on time while the
+    # simulator judged none, then judged all 50 in one slice of CPU: 10 heard 429.
     sim = await sim_factory(rate_limit="20/1")
     settings = sim_settings.replace(
         base_url=sim.base_url, ws_url=sim.ws_url, reporting_url=sim.base_url,
         rate_limit=20, rate_burst=20,
     )  # fmt: skip
+
+    async def caller(service: ServiceClient) -> list[Any]:
+        return [await service.terminal.ping("SIM-0001") for _ in range(3)]
+
     async with ServiceClient(settings) as agent, ServiceClient(settings) as admin:
-        calls = [svc.terminal.ping("SIM-0001") for svc in (agent, admin) for _ in range(25)]
-        answers = await asyncio.gather(*calls)
+        callers = [caller(service) for service in (agent, admin) for _ in range(8)]
+        answers = [answer for calls in await asyncio.gather(*callers) for answer in calls]
+        assert len(answers) == 48  # more than the service's burst: a limiter each would trip it
         assert all(answer.online for answer in answers)
         assert agent.transport.rate_limited_count == admin.transport.rate_limited_count == 0
 
