@@ -158,9 +158,14 @@ def _send_buffers(port: int, clients: list[socket.socket]) -> list[int]:
     sizes = []
     for fd in map(int, os.listdir("/proc/self/fd")):
         try:
-            probe = socket.socket(fileno=os.dup(fd))
+            copy = os.dup(fd)
         except OSError:
-            continue  # not a socket (or closed meanwhile)
+            continue  # closed meanwhile (the listing's own)
+        try:
+            probe = socket.socket(fileno=copy)
+        except OSError:
+            os.close(copy)  # not a socket: its copy was left open, each call's run doubled them
+            continue
         with probe, contextlib.suppress(OSError):  # not connected
             if probe.family != socket.AF_INET:
                 continue
