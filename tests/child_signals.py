@@ -41,13 +41,23 @@ class SignalledChild:
     watcher thread can, and the watcher then reports 255 for its exit code (CPython
     gh-87744). A pidfd names this one process: signalling it reaps nothing and cannot reach
     another process that reuses its pid. Once the child is reaped, a signal raises
-    ProcessLookupError, as ``os.kill`` would."""
+    ProcessLookupError, as ``os.kill`` would.
+
+    A child may be reaped before it is taken here: a warm command refused at once (a second
+    agent on a claimed journal) exits and is reaped by the warm server while a starved test
+    process has not yet run this line. It is taken as gone: every signal to it raises
+    ProcessLookupError, and its exit code is still its waiter's (the server's word)."""
 
     def __init__(self, proc: Child) -> None:
         self.proc = proc
-        self._pidfd = os.pidfd_open(proc.pid)
+        try:
+            self._pidfd: int | None = os.pidfd_open(proc.pid)
+        except ProcessLookupError:
+            self._pidfd = None  # reaped already: it ended
 
     def send(self, signum: int) -> None:
+        if self._pidfd is None:
+            raise ProcessLookupError(f"child {self.proc.pid} was reaped before it was signalled")
         signal.pidfd_send_signal(self._pidfd, signum)
 
     async def close(self) -> None:
@@ -56,7 +66,8 @@ class SignalledChild:
             with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
                 self.send(signal.SIGKILL)
             await self.proc.wait()
-        os.close(self._pidfd)
+        if self._pidfd is not None:
+            os.close(self._pidfd)
 
 
 def send_signal(proc: asyncio.subprocess.Process, signum: int) -> bool:

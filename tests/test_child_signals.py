@@ -94,3 +94,15 @@ async def test_stop_asks_then_kills_a_child_that_does_not_listen() -> None:
     assert deaf.stdout is not None
     assert await asyncio.wait_for(deaf.stdout.readline(), 10) == b"deaf\n"  # the trap is set
     assert await stop(deaf, signal.SIGTERM, within=0.2) == -signal.SIGKILL
+
+
+async def test_a_child_reaped_before_it_is_taken_is_taken_as_gone() -> None:
+    """A warm command refused at once exits and is reaped by its server before a starved test
+    process takes it (a second agent on a claimed journal: ProcessLookupError at the pidfd)."""
+    proc = await asyncio.create_subprocess_exec("/bin/sh", "-c", "exit 5")
+    assert await asyncio.wait_for(proc.wait(), timeout=30) == 5  # reaped: its pid is free
+    child = SignalledChild(proc)
+    with pytest.raises(ProcessLookupError):  # gone: a signal says so, reaches no one
+        child.send(signal.SIGTERM)
+    await child.close()  # nothing to stop, nothing to close
+    assert proc.returncode == 5  # its exit code is its waiter's, as it was

@@ -52,6 +52,7 @@ from kiosk_agent.health.readers import availability, held_by_recovery
 from kiosk_agent.logs import RefusalLog
 from kiosk_agent.moments import day_bounds
 from kiosk_agent.money import format_cents
+from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock
 from kiosk_agent.sales.journal import SaleRecord, StepRecord
 from kiosk_agent.sales.kinds import SaleKind, no_selection, sessions_text
 from kiosk_agent.sales.late_vends import late_vend_of
@@ -71,7 +72,8 @@ MAX_STREAMS = 16  # event streams open at once; more are refused with 503
 HEALTH_POLL_S = 0.2  # how often a stream looks for a health change (the page is <= 1 s behind)
 KEEPALIVE_S = 10.0  # a comment line on a quiet stream, so a gone client is noticed
 # A stream whose client takes nothing for this long (its socket full) is cut: a client that
-# never reads must not hold one of the MAX_STREAMS slots, nor its buffers, for ever.
+# never reads must not hold one of the MAX_STREAMS slots, nor its buffers, for ever. Counted on
+# the agent's clock (StatusPage.clock), as its other deadlines are: a test moves it.
 STREAM_WRITE_TIMEOUT_S = 10.0
 # The kernel's send buffer of a stream's socket: a client that never reads holds at most this
 # (the kernel doubles it) besides aiohttp's 64 KiB, where autotuning let each stream hold up to
@@ -178,6 +180,8 @@ class StatusPage:
 
     def __init__(self, agent: Any, token_for: TokenFor, guesses: TokenGuesses) -> None:
         self.agent = agent
+        # the agent's clock (injected; a test's FakeClock): a stream's write timeout waits on it
+        self.clock: Clock = getattr(agent, "clock", SYSTEM_CLOCK)
         self._token_for = token_for  # the admin API's: "Bearer <token>" -> (name, role)
         self._guesses = guesses  # the admin API's: wrong tokens count the same at either door
         self.stalled_streams = 0  # event streams cut because their client took nothing
@@ -433,7 +437,7 @@ class StatusPage:
         await response.prepare(request)
         _bound_send_buffer(request)
         try:
-            await _write(response, f"retry: {RECONNECT_MS}\n\n".encode())  # a browser's wait
+            await self._write(response, f"retry: {RECONNECT_MS}\n\n".encode())  # a browser's wait
             await self._stream(response, self._alive(request), since)
         except _Stalled:
             self.stalled_streams += 1
@@ -475,8 +479,8 @@ class StatusPage:
                     platforms = self._platforms()
                     if health_changed(last_health, snapshot) or platforms != last_platforms:
                         for note in health_changes(last_health, snapshot):
-                            await _send(response, "note", {"at": snapshot["at"], **note})
-                        await _send(
+                            await self._send(response, "note", {"at": snapshot["at"], **note})
+                        await self._send(
                             response, "health",
                             {**health_view(snapshot, self._config_path()), "platforms": platforms},
                         )
@@ -487,7 +491,7 @@ class StatusPage:
                     doctor_now = (self.doctor, self._doctor_running())
                     if doctor_now != doctor_seen:
                         doctor_seen = doctor_now
-                        await _send(response, "doctor", self._doctor_view())
+                        await self._send(response, "doctor", self._doctor_view())
                     try:
                         async with asyncio.timeout(HEALTH_POLL_S):
                             event = await queue.get()
@@ -496,13 +500,13 @@ class StatusPage:
                     if event is not None:
                         missed = queue.take_missed()
                         if missed:  # this reader fell behind: its history has a hole here
-                            await _send(response, "gap", gap_view(missed))
+                            await self._send(response, "gap", gap_view(missed))
                         view = sale_event_view(event)
                         if _step_key(view) not in replayed:  # sent already from the journal
-                            await _send(response, "sale", view)
+                            await self._send(response, "sale", view)
                         quiet_since = time.monotonic()
                     elif time.monotonic() - quiet_since > KEEPALIVE_S:
-                        await _write(response, b": keepalive\n\n")
+                        await self._write(response, b": keepalive\n\n")
                         quiet_since = time.monotonic()
         except (ConnectionResetError, ConnectionError):
             return  # the page went away
@@ -523,11 +527,27 @@ class StatusPage:
                 continue
             view = {**step_event_view(record, step), "replayed": True}
             sent.add(_step_key(view))
-            await _send(response, "sale", view)
+            await self._send(response, "sale", view)
         if len(steps) > REPLAY_LIMIT:
-            await _send(response, "gap", gap_view(len(steps) - REPLAY_LIMIT))
-        await _send(response, "replayed", {"count": len(sent), "since": since, "at": time.time()})
+            await self._send(response, "gap", gap_view(len(steps) - REPLAY_LIMIT))
+        await self._send(
+            response, "replayed", {"count": len(sent), "since": since, "at": time.time()}
+        )
         return sent
+
+    async def _send(self, response: web.StreamResponse, event: str, data: dict[str, Any]) -> None:
+        # a sale step's time is its id: a browser reconnecting sends it back (Last-Event-ID), and
+        # the steps journaled from then come first
+        stamp = f"id: {data['at']!r}\n" if event == "sale" else ""
+        await self._write(response, f"{stamp}event: {event}\ndata: {json.dumps(data)}\n\n".encode())
+
+    async def _write(self, response: web.StreamResponse, data: bytes) -> None:
+        """One write to a stream; :class:`_Stalled` when the client takes nothing for
+        STREAM_WRITE_TIMEOUT_S on the agent's clock."""
+        try:
+            await self.clock.wait_for(response.write(data), STREAM_WRITE_TIMEOUT_S)
+        except TimeoutError:
+            raise _Stalled from None
 
     # -- doctor ------------------------------------------------------------------------------
 
@@ -876,13 +896,6 @@ def _stable(snapshot: dict[str, Any]) -> dict[str, Any]:
     return {**{k: v for k, v in snapshot.items() if k not in skip}, "service": service}
 
 
-async def _send(response: web.StreamResponse, event: str, data: dict[str, Any]) -> None:
-    # a sale step's time is its id: a browser reconnecting sends it back (Last-Event-ID), and
-    # the steps journaled from then come first
-    stamp = f"id: {data['at']!r}\n" if event == "sale" else ""
-    await _write(response, f"{stamp}event: {event}\ndata: {json.dumps(data)}\n\n".encode())
-
-
 class _Stalled(Exception):
     """A stream's client took nothing for STREAM_WRITE_TIMEOUT_S."""
 
@@ -894,15 +907,6 @@ def _bound_send_buffer(request: web.Request) -> None:
     if sock is not None:
         with contextlib.suppress(OSError):  # a socket already closed: the stream ends anyway
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, STREAM_SEND_BUFFER)
-
-
-async def _write(response: web.StreamResponse, data: bytes) -> None:
-    """One write to a stream; :class:`_Stalled` when the client takes nothing for too long."""
-    try:
-        async with asyncio.timeout(STREAM_WRITE_TIMEOUT_S):
-            await response.write(data)
-    except TimeoutError:
-        raise _Stalled from None
 
 
 def _forwarded_https(request: web.Request) -> bool:

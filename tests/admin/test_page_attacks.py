@@ -18,6 +18,7 @@ import pytest
 
 from kiosk_agent.admin import page
 from kiosk_agent.admin.page import COOKIE, MAX_STREAMS
+from kiosk_agent.sales.fake_clock import FakeClock
 from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState
 from tests.admin.conftest import ADMIN_TOKEN, READ_TOKEN
@@ -25,6 +26,7 @@ from tests.admin.test_page import _login, _origin
 from tests.admin.test_server import _sell
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+GUARD_S = 60.0  # a guard against a hang, not a bound: a starved loop is slow
 
 
 # -- guessing tokens ---------------------------------------------------------------------------
@@ -156,15 +158,27 @@ def _send_buffers(port: int, clients: list[socket.socket]) -> list[int]:
     sizes = []
     for fd in map(int, os.listdir("/proc/self/fd")):
         try:
-            probe = socket.socket(fileno=os.dup(fd))
+            copy = os.dup(fd)
         except OSError:
-            continue  # not a socket (or closed meanwhile)
+            continue  # closed meanwhile (the listing's own)
+        try:
+            probe = socket.socket(fileno=copy)
+        except OSError:
+            os.close(copy)  # not a socket: its copy was left open, each call's run doubled them
+            continue
         with probe, contextlib.suppress(OSError):  # not connected
             if probe.family != socket.AF_INET:
                 continue
             if probe.getsockname()[1] == port and probe.getpeername() in peers:
                 sizes.append(probe.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF))
     return sizes
+
+
+def _stuck(admin_server: Any) -> int:
+    """The event streams whose writing is paused: their socket is full (the client reads
+    nothing), so their write waits, on the page's clock, for a drain that never comes."""
+    connections = admin_server._site._connections.items()
+    return sum(1 for proto, conn in connections if conn.streaming and proto.writing_paused)
 
 
 async def _until(check: Any, within: float, what: str) -> None:
@@ -175,48 +189,64 @@ async def _until(check: Any, within: float, what: str) -> None:
 
 
 async def test_a_stream_client_that_never_reads_is_cut_and_costs_bounded_memory(
-    agent: Any, admin_server: Any, monkeypatch: pytest.MonkeyPatch
+    agent: Any, admin_server: Any
 ) -> None:
-    monkeypatch.setattr(page, "STREAM_WRITE_TIMEOUT_S", 1.0)
+    """Every stream slot taken by a client that never reads: the agent sells meanwhile, each
+    stream holds bounded memory, and STREAM_WRITE_TIMEOUT_S after its write stopped going out
+    each is cut and the slots are free again.
+
+    The write timeout runs on the page's clock (the agent's; here a FakeClock the test moves):
+    with 1 s on the loop's own clock, a starved run's sale outlasted it and the streams were cut
+    during the sale (1 run in 5). Now none is cut until the clock gets there, however slow."""
     status = admin_server.page
+    clock = status.clock = FakeClock()
     tracemalloc.start()
     sockets = [_stream_socket(admin_server.port) for _ in range(MAX_STREAMS)]
     try:
-        await _until(lambda: status._streams == MAX_STREAMS, 10, "the streams opened")
+        await _until(lambda: status._streams == MAX_STREAMS, GUARD_S, "the streams opened")
         base, _ = tracemalloc.get_traced_memory()
         tracemalloc.reset_peak()
-        # sale steps as fast as a busy machine makes them, each with a long message
         published = 0
-        began = time.monotonic()
-        while status._streams and time.monotonic() - began < 60:
-            for _ in range(10):
+
+        async def publish(count: int) -> None:
+            """Sale steps as fast as a busy machine makes them, each with a long message."""
+            nonlocal published
+            for _ in range(count):
                 agent.events.publish(SaleEvent(
                     f"s{published}", f"o{published}", "test", SaleState.CHARGING, 250,
                     terminal="SIM-0007", message="m" * 20_000,
-                ))
+                ))  # fmt: skip
                 published += 1
             await asyncio.sleep(0.005)
-            if published == 50:  # every stream is stuck by now: the agent still sells
-                # each holds no more than its bounded buffers (the kernel's autotuning had let
-                # each take 4 MB: the first 200 events went into them, 13 s of this test)
-                held = _send_buffers(admin_server.port, sockets)
-                assert len(held) == MAX_STREAMS, held
-                assert max(held) <= 2 * page.STREAM_SEND_BUFFER, held  # the kernel doubles it
-                sold = await asyncio.wait_for(_sell(agent, 250), 15)
-                assert sold.state is SaleState.COMPLETED
-        assert published > 50  # the sale above was made while the streams were stuck
-        cut_after = time.monotonic() - began
+
+        began = time.monotonic()
+        while _stuck(admin_server) < MAX_STREAMS or len(clock.pending()) < MAX_STREAMS:
+            assert time.monotonic() - began < GUARD_S, f"{_stuck(admin_server)} streams stuck"
+            await publish(10)
+        # each holds no more than its bounded buffers (the kernel's autotuning had let each
+        # take 4 MB: the first 200 events went into them, 13 s of this test)
+        held = _send_buffers(admin_server.port, sockets)
+        assert len(held) == MAX_STREAMS, held
+        assert max(held) <= 2 * page.STREAM_SEND_BUFFER, held  # the kernel doubles it
+        # every stream is stuck: the agent still sells
+        sold = await asyncio.wait_for(_sell(agent, 250), GUARD_S)
+        assert sold.state is SaleState.COMPLETED
+        for _ in range(30):  # more steps than the bus keeps for a stream (256)
+            await publish(10)
+        assert status._streams == MAX_STREAMS  # none cut: the timeout has not passed
+        assert status.stalled_streams == 0
+        await clock.advance(page.STREAM_WRITE_TIMEOUT_S - 0.01)
+        assert status._streams == MAX_STREAMS  # not before the timeout either
+        await clock.advance(0.01)
+        await _until(lambda: status._streams == 0, GUARD_S, "a stream that never reads is cut")
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
         for sock in sockets:
             sock.close()
     grown = (peak - base) / 1e6
-    print(
-        f"{MAX_STREAMS} streams that never read: cut after {cut_after:.1f} s, "
-        f"{published} events published, memory peak +{grown:.1f} MB"
-    )
-    assert status._streams == 0, "a stream that never reads is never cut"
+    print(f"{MAX_STREAMS} streams that never read: {published} events published, "
+          f"memory peak +{grown:.1f} MB")  # fmt: skip
     assert status.stalled_streams == MAX_STREAMS
     assert grown < 40  # bounded: the bus keeps 256 events a stream, the socket its buffers
     async with (

@@ -238,14 +238,16 @@ def test_watchdog_is_withheld_on_lag_or_ill_health(notify_socket) -> None:
 async def test_lifecycle_feeds_while_the_loop_runs_and_stops_when_blocked(notify_socket) -> None:
     path, server = notify_socket
     server.setblocking(False)
-    env = {"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "100000"}  # WatchdogSec=0.1 -> feed every 50 ms
+    # WatchdogSec=1 -> a beat every 0.5 s, withheld past 0.5 s of lag: a loop starved of all but
+    # 10 ms of every 400 still feeds it (at 0.1 s, its 50 ms bound withheld every beat)
+    env = {"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "1000000"}
     lifecycle = SystemdLifecycle(environ=env)
     await lifecycle.start("ready")
     dog = lifecycle.watchdog
     assert dog is not None
-    await until(lambda: dog.fed >= 3)  # a beat on a busy machine may lag and be withheld
+    await until(lambda: dog.fed >= 2)  # a beat on a busy machine may lag and be withheld
     withheld = dog.withheld
-    time.sleep(0.2)  # block the loop: the next beat sees the lag and withholds
+    time.sleep(1.2)  # block the loop: the next beat sees the lag (0.7 s at least) and withholds
     await until(lambda: dog.withheld > withheld)
     await lifecycle.stop()
     messages = []

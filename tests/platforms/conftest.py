@@ -31,7 +31,9 @@ async def controller(tmp_path: Path) -> AsyncIterator[VirtualController]:
 
 @pytest.fixture
 async def machine(controller: VirtualController) -> AsyncIterator[Machine]:
-    m = await make_machine(controller, vend_timeout=0.5)
+    # a guard, not a bound: the controller's vend result (in this process, over a pty) comes
+    # however late a starved loop reads it; a test that means the timeout sets a short one
+    m = await make_machine(controller, vend_timeout=60)
     yield m
     with contextlib.suppress(Exception):
         await m.device.stop()

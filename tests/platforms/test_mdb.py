@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -71,11 +70,12 @@ async def test_customer_walking_away_cancels_the_sale(machine: Machine) -> None:
 
 
 async def test_no_vend_result_times_out_and_voids(machine: Machine) -> None:
+    machine.device.options.vend_timeout = 0.5  # no result ever comes: the timeout is the claim
     visit = await machine.controller.customer("A1", no_result=True)
     assert visit.outcome is VisitOutcome.NO_RESULT
 
     [sale] = machine.desk.sales
-    final = await asyncio.wait_for(sale.result(), 3)
+    final = await asyncio.wait_for(sale.result(), 30)
     assert sale.outcome is not None
     assert sale.outcome.status is DispenseStatus.TIMEOUT
     assert final.state is SaleState.REVERSED
@@ -495,7 +495,7 @@ async def test_the_reader_steps_aside_while_the_terminal_is_offline(
 
         await sim_call(sim, "POST", "/sim/terminals/SIM-0001/offline")
         # the ping interval is 1 s: within it (and the hold-off) the reader leaves the bus
-        await until(lambda: controller.status is Status.INACTIVE, timeout=3)
+        await until(lambda: controller.status is Status.INACTIVE)
         assert controller.received[-1] == "C,0"
         state = agent.availability.state("front")
         assert (state.available, state.reason) == (False, "terminal offline")
@@ -512,10 +512,11 @@ async def test_the_reader_steps_aside_while_the_terminal_is_offline(
         assert not waiting.done()
         assert _sales_started(agent) == started
 
-        back = time.monotonic()
         await sim_call(sim, "POST", "/sim/terminals/SIM-0001/online")
-        visit = await asyncio.wait_for(waiting, 5)  # served once the reader is back
-        assert time.monotonic() - back < 2.0
+        # served once the reader is back (60 s: a guard; that it is back at the first good
+        # check is tests/health/test_availability.py's, on its clock: a bound of 2 s here read
+        # 2.8 s when the loop was starved)
+        visit = await asyncio.wait_for(waiting, 60)
         assert visit.outcome is VisitOutcome.VENDED
         assert agent.availability.state("front").available
         assert [e.kind for e in agent.event_log.recent()] == ["in_service", "out_of_service"]
@@ -563,7 +564,7 @@ async def test_an_unwritable_journal_takes_the_reader_off_the_bus(
 ) -> None:
     async with _serving(tmp_path, sim_settings, controller) as agent:
         agent.journal.db.execute("PRAGMA query_only = ON")  # every write now fails
-        await until(lambda: controller.status is Status.INACTIVE, timeout=3)
+        await until(lambda: controller.status is Status.INACTIVE)
         reason = agent.availability.state().reason
         assert reason.startswith("journal not writable:")
         assert agent.health.snapshot().journal.writable is False
@@ -609,7 +610,7 @@ async def test_a_controller_that_keeps_asking_while_out_of_service_starts_no_sal
     async with _serving(tmp_path, sim_settings, controller) as agent:
         [platform] = agent.platforms
         await sim_call(sim, "POST", "/sim/terminals/SIM-0001/offline")
-        await until(lambda: controller.status is Status.INACTIVE, timeout=3)
+        await until(lambda: controller.status is Status.INACTIVE)
         # a controller that did not hear C,0 (or ignores it) floods vend requests
         for _ in range(50):
             controller.send(wire.vend_request_line(150, "A1"))

@@ -243,8 +243,11 @@ async def test_a_restart_on_the_data_dir_resumes_unfinished_deliveries(
     receiver: Receiver, sim_factory, http: aiohttp.ClientSession, tmp_path
 ) -> None:
     receiver.answer = lambda envelope: 500
-    # Time scale 50: the first retry waits 5 simulated seconds, 0.1 s real.
-    first = await start_sim(sim_factory, receiver, time_scale=50, data_dir=tmp_path)
+    # The first simulator's retry would wait 5 simulated seconds: 500 s real at time scale
+    # 0.01, so it is stopped before any (at 50 its retry came 0.1 s after the first attempt,
+    # before a starved test stopped it: the second made attempt 3). The second's, at 50, waits
+    # 0.1 s on its own clock.
+    first = await start_sim(sim_factory, receiver, time_scale=0.01, data_dir=tmp_path)
     merchant_id = await create(await oauth_api(http, first))
     await until(lambda: len(receiver.deliveries) == 1)
     await first.stop()
