@@ -109,6 +109,7 @@ class AdminServer:
             # its port held by another program: waited for, the agent selling meanwhile (the
             # page, /metrics and the API come once it is free), not an agent that cannot start
             wait_for_port=True, waits=getattr(agent, "clock", None),
+            resolve=getattr(agent, "listen_resolve", None),
         )
         self._refused = RefusalLog(_LOGGER, "admin_api")
         self._tokens: list[tuple[str, bytes, str]] = [

@@ -280,7 +280,8 @@ class WebhookReceiver:
         self._health = getattr(agent, "health", None)
         self._site = LocalSite(conf["host"], conf["port"], name="webhooks", limits=self._limits,
                                health=self._health, counted_as="webhook receiver",
-                               wait_for_port=True, waits=getattr(agent, "clock", None))
+                               wait_for_port=True, waits=getattr(agent, "clock", None),
+                               resolve=getattr(agent, "listen_resolve", None))
         self.path: str = conf["path"]
         self._max_body: int = conf["max_body"]
         self.store = SqliteIdempotencyStore(

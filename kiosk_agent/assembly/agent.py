@@ -161,6 +161,9 @@ class Agent:
         # the simulated machines' factory for `virtual` triggers (platforms/virtual.py's
         # MachineFactory), given by the CLI: nothing below it imports kiosk_agent.sim
         self.machines = machines
+        # the look-up of its local servers' host names (web/server.py's Resolve): getaddrinfo
+        # when None; a test sets its own resolver here before start (a name not resolving yet)
+        self.listen_resolve: Callable[..., Awaitable[list[tuple[Any, ...]]]] | None = None
         self.settings = sale_settings_from_config(
             config, service_settings.mid, service_settings.timeout
         )

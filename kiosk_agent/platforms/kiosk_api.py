@@ -359,6 +359,7 @@ class KioskApi:
             # its port held by another program (a tech's agent): waited for on the agent's
             # clock, the rest of the agent selling meanwhile, not given up until a restart
             wait_for_port=True, waits=getattr(agent, "clock", None),
+            resolve=getattr(agent, "listen_resolve", None),
         )
         self._hosts = {*config["allowed_hosts"], config["host"].lower()} - _ANY_ADDRESS
         # Host headers already found allowed, as sent ("127.0.0.1:8090"): an app sends the same

@@ -100,7 +100,9 @@ def address_problem(host: str) -> str | None:
         infos = socket.getaddrinfo(host.encode("ascii") if host.isascii() else host, 0,
                                    type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except OSError as err:
-        return f"{host} does not resolve here now ({err.strerror or err})"
+        return (f"{host} does not resolve here now ({err.strerror or err}): the agent waits "
+                "for it (DNS not up yet at boot) and serves once it resolves; if it never "
+                "will, correct the host or write its address")
     for family, kind, proto, _name, address in dict.fromkeys(infos):
         with socket.socket(family, kind, proto) as probe:
             try:

@@ -45,7 +45,10 @@ first and doubling to :data:`PORT_WAIT_MAX`, the holder named in the log, its st
 health's problems meanwhile (:meth:`LocalSite.waiting_problem`), and serves within one step
 of the port being let go; the rest of the agent runs and sells meanwhile. An address not on the
 machine yet (``EADDRNOTAVAIL``: a LAN address before DHCP has given it, at boot) is waited for
-the same way, by the same code, and said so: served within one step of it appearing.
+the same way, by the same code, and said so: served within one step of it appearing. So is a
+host name that does not resolve yet (``socket.gaierror`` ``EAI_AGAIN``: DNS not up at boot;
+``EAI_NONAME`` or ``EAI_NODATA``: a resolver that answers "no such name" before the LAN's own DNS
+or mDNS is up): served within one step of it resolving (:func:`_wait_kind`).
 
 Bodies from outside are read by :func:`read_json` (or :func:`loads_bounded` for raw bytes
 already read): bounded size, time, nesting and number length, so no body can make a handler
@@ -181,6 +184,27 @@ PORT_WAIT_MAX = 5.0
 
 # What a site waits for (PortWait.waiting_for, its status's ``waiting_for``), by the bind's error
 _WAITED_FOR = {errno.EADDRINUSE: "port", errno.EADDRNOTAVAIL: "address"}
+# ... and by the name look-up's (getaddrinfo's codes are negative, errno's positive). Each of
+# these may end by itself at boot: EAI_AGAIN while no DNS server answers yet; EAI_NONAME and
+# EAI_NODATA from a resolver that answers before the one that knows the name is up (a public
+# DNS before DHCP has given the LAN's, mDNS before avahi). Waited for, not refused: a refusal
+# stops the agent (an admin API's, a webhook receiver's) into systemd's start limit, every sale
+# with it, where a wait costs that server alone, said in health; a name mistyped is said
+# before, by check-config and doctor with its file and line, and by health all along.
+_NAME_WAITED_FOR = {
+    code: "name" for code in (socket.EAI_AGAIN, socket.EAI_NONAME, getattr(socket, "EAI_NODATA", 0))
+    if code
+}
+
+
+def _wait_kind(err: BaseException) -> str | None:
+    """What a failed listen waits for ("port", "address", "name"), or None: refused at once
+    (a port below 1024, getaddrinfo's other failures) or, while waiting, said as an error."""
+    if isinstance(err, socket.gaierror):
+        return _NAME_WAITED_FOR.get(err.errno or 0)
+    if isinstance(err, OSError):
+        return _WAITED_FOR.get(err.errno or 0)
+    return None
 
 
 @data_class(slots=True)
@@ -193,7 +217,9 @@ class PortWait:
     tries: int = 1
     next_try_at: float = 0.0
     error: str = ""  # the last try's failure, where it was neither the port nor the address
-    waiting_for: str = "port"  # or "address": the host is not one of this machine's addresses
+    waiting_for: str = "port"  # or "address": the host is not one of this machine's addresses;
+    # or "name": the host name does not resolve yet
+    resolver_said: str = ""  # the name look-up's words, while waiting for the name
 
 
 def unexpected_refusal(detail: str) -> web.Response:
@@ -420,12 +446,14 @@ class LocalSite:
         refuse_unexpected: Callable[[str], web.StreamResponse] = unexpected_refusal,
         wait_for_port: bool = False,
         waits: Waits | None = None,
+        resolve: Resolve | None = None,
     ) -> None:
         self.host = host
         self.name = name
-        # a port in use, or an address not on the machine yet: tried again on ``waits`` until
-        # it binds, not refused (ListenError)
+        # a port in use, an address not on the machine yet, or a name that does not resolve
+        # yet: tried again on ``waits`` until it binds, not refused (ListenError)
         self._wait_for_port = wait_for_port
+        self._resolve = resolve  # the host's look-up (a test's resolver); getaddrinfo if None
         self._waits: Waits = waits or _MonotonicWaits()
         self.waiting: PortWait | None = None  # set while the port or the address is waited for
         self._waiter: asyncio.Task[None] | None = None
@@ -526,10 +554,10 @@ class LocalSite:
         if self._health is not None:
             self._health.count_errors_of(self._counted_as, lambda: self.unexpected)
         try:
-            self._listeners = await _listen(self.host, self._wanted_port)
+            self._listeners = await _listen(self.host, self._wanted_port, self._resolve)
         except OSError as err:
-            if err.errno in _WAITED_FOR and self._wait_for_port:
-                self._wait(_WAITED_FOR[err.errno])
+            if (waiting_for := _wait_kind(err)) is not None and self._wait_for_port:
+                self._wait(waiting_for, _resolver_said(err))
                 return
             await runner.cleanup()
             self._runner = None
@@ -543,18 +571,18 @@ class LocalSite:
         _LIVE.add(self)
         _check_descriptors()
 
-    def _wait(self, waiting_for: str) -> None:
-        """The port is in use (name who holds it), or the address is not on this machine yet:
-        try again in a task of its own."""
+    def _wait(self, waiting_for: str, resolver_said: str = "") -> None:
+        """The port is in use (name who holds it), the address is not on this machine yet, or
+        the name does not resolve yet: try again in a task of its own."""
         now = self._waits.monotonic()
         held_by = _holder(self._wanted_port) if waiting_for == "port" else ""
         self.waiting = PortWait(held_by=held_by, since=now, next_try_at=now + PORT_WAIT_FIRST,
-                                waiting_for=waiting_for)
+                                waiting_for=waiting_for, resolver_said=resolver_said)
         _LOGGER.warning(
             "%s: cannot listen on %s:%d: %s; tried again in %g s, then every %g s at most: "
             "served as soon as it %s", self.name, self.host, self._wanted_port,
             self._waited_for(self.waiting), PORT_WAIT_FIRST, PORT_WAIT_MAX,
-            "is free" if waiting_for == "port" else "appears",
+            _SERVED_WHEN[waiting_for],
         )
         if self._health is not None:
             if not self._told_health:
@@ -569,19 +597,21 @@ class LocalSite:
         while (waiting := self.waiting) is not None:
             await self._waits.sleep(max(0.0, waiting.next_try_at - self._waits.monotonic()))
             try:
-                self._listeners = await _listen(self.host, self._wanted_port)
+                self._listeners = await _listen(self.host, self._wanted_port, self._resolve)
             except Exception as err:  # still in use, or worse: said, and tried again all the same
                 delay = min(PORT_WAIT_MAX, delay * 2)
                 waiting.tries += 1
                 waiting.next_try_at = self._waits.monotonic() + delay
-                waiting_for = _WAITED_FOR.get(err.errno or 0) if isinstance(err, OSError) else None
+                waiting_for = _wait_kind(err)
                 why = "" if waiting_for else f"{type(err).__name__}: {err}"
                 holder = (_holder(self._wanted_port) if waiting_for == "port"
                           else "" if waiting_for else waiting.held_by)
+                said = _resolver_said(err) if waiting_for else waiting.resolver_said
                 waiting_for = waiting_for or waiting.waiting_for
-                if (why, holder, waiting_for) != (waiting.error, waiting.held_by,
-                                                  waiting.waiting_for):
+                if (why, holder, waiting_for, said) != (waiting.error, waiting.held_by,
+                                                        waiting.waiting_for, waiting.resolver_said):
                     waiting.error, waiting.held_by, waiting.waiting_for = why, holder, waiting_for
+                    waiting.resolver_said = said
                     _LOGGER.warning("%s: %s:%d still not served: %s", self.name, self.host,
                                     self._wanted_port, self._waited_for(waiting),
                                     exc_info=not isinstance(err, OSError))
@@ -599,6 +629,10 @@ class LocalSite:
         error."""
         if waiting.error:
             return waiting.error
+        if waiting.waiting_for == "name":
+            return (f"name {self.host} does not resolve yet ({waiting.resolver_said}): DNS not "
+                    "up yet at boot, or the network that serves the name not reached yet; if "
+                    "it never resolves, correct the host or write its address")
         if waiting.waiting_for == "address":
             return (f"address {self.host} is not on this machine (yet): a LAN address DHCP has "
                     "not given yet, or an interface not up; if it never comes, change the host "
@@ -611,10 +645,11 @@ class LocalSite:
         waiting = self.waiting
         if waiting is None:
             return None
-        if waiting.waiting_for == "address" and not waiting.error:
+        if waiting.waiting_for in ("address", "name") and not waiting.error:
             return (f"{self._counted_as} not listening on {self.host}:{self._wanted_port}: "
                     f"{self._waited_for(waiting)} (tried {waiting.tries} time(s), again every "
-                    f"{PORT_WAIT_MAX:g} s at most; served as soon as it appears)")
+                    f"{PORT_WAIT_MAX:g} s at most; served as soon as it "
+                    f"{_SERVED_WHEN[waiting.waiting_for]})")
         return (f"{self._counted_as} not listening: waiting for port {self._wanted_port} on "
                 f"{self.host}, " + (waiting.error if waiting.error else
                                    f"in use by {waiting.held_by}")
@@ -945,14 +980,30 @@ def _holder(port: int) -> str:
     return describe(listeners(port))
 
 
-async def _listen(host: str, port: int) -> list[socket.socket]:
-    """Listening sockets on every address ``host`` names (as asyncio's create_server binds)."""
-    loop = asyncio.get_running_loop()
+_SERVED_WHEN = {"port": "is free", "address": "appears", "name": "resolves"}
+
+# The look-up of a listen host's addresses: asyncio's getaddrinfo (in the loop's executor, so a
+# resolver slow to answer at boot never holds the loop). Given: (host, port, type=, flags=).
+Resolve = Callable[..., Awaitable[list[tuple[Any, ...]]]]
+
+
+def _resolver_said(err: BaseException) -> str:
+    """The name look-up's own words ("Temporary failure in name resolution"), or ""."""
+    if isinstance(err, socket.gaierror):
+        return err.strerror or str(err)
+    return ""
+
+
+async def _listen(host: str, port: int, resolve: Resolve | None = None) -> list[socket.socket]:
+    """Listening sockets on every address ``host`` names (as asyncio's create_server binds);
+    its addresses looked up by ``resolve`` (the loop's getaddrinfo unless given)."""
+    if resolve is None:
+        resolve = asyncio.get_running_loop().getaddrinfo
     # An ASCII name goes to getaddrinfo as bytes: given a str, the socket module encodes every
     # host with the "idna" codec, whose import (with stringprep's tables) an idle agent would
     # keep, some 0.1 MB, for an address like 127.0.0.1. A name that is not ASCII still gets it.
     name = host.encode("ascii") if host and host.isascii() else host or None
-    infos = await loop.getaddrinfo(name, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    infos = await resolve(name, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     listeners: list[socket.socket] = []
     try:
         for family, kind, proto, _name, address in dict.fromkeys(infos):

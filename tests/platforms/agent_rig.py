@@ -39,11 +39,13 @@ async def running_agent(
     tmp_path: Path, settings: Any, triggers: list[dict[str, Any]], *, time_scale: float = 50,
     sales: dict[str, Any] | None = None, secrets: dict[str, str] | None = None,
     sections: dict[str, Any] | None = None, clock: Clock = SYSTEM_CLOCK,
+    listen_resolve: Any = None,
 ) -> AsyncIterator[Agent]:
     """Values written ``"!secret NAME"`` become real ``!secret`` tags, with ``secrets`` beside.
 
     ``sections``: more top-level sections (``health``, ``upstream``, ...); ``clock``: the
-    agent's (a FakeClock that the test moves)."""
+    agent's (a FakeClock that the test moves); ``listen_resolve``: the look-up of its local
+    servers' host names (the agent's ``listen_resolve``)."""
     document = {
         "service": {"simulator": {"time_scale": time_scale}},
         "terminals": [{"device_id": "SIM-0001", "name": "front"}],
@@ -62,6 +64,7 @@ async def running_agent(
         secrets_path.chmod(0o600)
     agent = build_agent(load_config(path), settings, systemd=False, clock=clock,
                         machines=simulated_machines)
+    agent.listen_resolve = listen_resolve
     await agent.start()
     try:
         # every start reads the journal's file whole before money moves on it (the terminals

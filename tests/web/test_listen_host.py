@@ -120,8 +120,9 @@ async def test_doctor_passes_hosts_on_this_machine(tmp_path: Path) -> None:
 
 
 async def test_a_name_that_does_not_resolve_is_refused_in_words_not_an_errno() -> None:
-    """Before: `cannot listen on ...: unknown error -2; check the host and port`."""
-    site = LocalSite("no-such-host.invalid", 0, name="admin", wait_for_port=True)
+    """Before: `cannot listen on ...: unknown error -2; check the host and port`. A site that
+    does not wait (the agent's own servers do: tests/web/test_name_wait.py)."""
+    site = LocalSite("no-such-host.invalid", 0, name="admin", wait_for_port=False)
     with pytest.raises(ListenError) as refused:
         await site.start(web.Application())
     text = str(refused.value)
