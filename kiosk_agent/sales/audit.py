@@ -34,16 +34,19 @@ import datetime as dt
 import logging
 import math
 from array import array
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from dataclasses import field, replace
+from typing import Any
 
 from kiosk_agent.data_class import data_class
+from kiosk_agent.moments import display_time
 from kiosk_agent.money import format_cents
 from kiosk_agent.sales.attention import LATE_CHARGE_HANDOVER_S, late_charge_watched
 from kiosk_agent.sales.clock import next_turn
 from kiosk_agent.sales.journal import CHARGE_LOOKBACK_S, SaleRecord
 from kiosk_agent.sales.journal_reads import OrderState
 from kiosk_agent.sales.journal_records import Later
+from kiosk_agent.sales.late_vends import maybe_note
 from kiosk_agent.sales.model import Flow, SaleEvent
 from kiosk_agent.sales.runner import new_ids
 from kiosk_agent.sales.settings import CHARGE_CHECK_MAX_GIVE_BACK
@@ -208,8 +211,12 @@ class ChargeAudit:
         max_give_back: int = CHARGE_CHECK_MAX_GIVE_BACK,
         foreign_quiet: float = FOREIGN_QUIET_S,
         now: Callable[[], float] | None = None,
+        told: Callable[[str, Mapping[str, Any]], None] | None = None,
     ) -> None:
         self.context = context
+        # told of each charge given back whose vend may have been made (its sale lost with the
+        # journal's part that held it): the late vends' watch (``LateVendWatch.noted``)
+        self.told = told
         self.journal = context.journal
         self.settings = context.settings
         self.unit = context.unit
@@ -616,10 +623,40 @@ class ChargeAudit:
                 f"a charge the journal did not hold ({found} such in one check: too many to "
                 "give back unasked); a person decides now (`kiosk-agent sales resolve`)",
             )
-        event = await steps.reverse("a charge the journal did not hold; not known dispensed")
+        # the journal lost the sale that made this charge: the machine may have vended it, so
+        # a person is told in the very commit of the give-back, as every other maybe is
+        told = lost_sale_note(row, record.terminal, self.settings.currency)
+        event = await steps.reverse(
+            "a charge the journal did not hold; its sale was lost with the journal's part that "
+            "held it, so the agent cannot say whether the product went out (told to a person)",
+            told=told,
+        )
+        if self.told is not None:
+            self.told(record.sale_id, told)
         if event.state is SaleState.REVERSED:
             self.given_back += 1
         return event
+
+
+# the start of a maybe's words (``late.vend``'s ``unsure``) for a charge whose sale was lost:
+# health's kind of it (sales/late_vends.py ``_why``)
+LOST_SALE = "the journal lost its sale"
+
+
+def lost_sale_note(row: Transaction, terminal: str, currency: str = "USD") -> dict[str, Any]:
+    """The ``late.vend`` maybe note of a charge of the unit's own whose sale the journal no
+    longer holds (a WAL lost, a journal damaged or replaced): what the agent knows of it, the
+    amount, the service's time of the charge, the terminal and the order id's sale part (no
+    card data: reporting's row gives none here). The product is unknown: its sale is lost."""
+    parts = split_order_id(row.order_id)
+    sale_part = parts[0] if parts is not None else _shown(row.order_id)
+    when = "at a time reporting did not give" if row.trans_at is None else (
+        display_time(row.trans_at))
+    why = (f"{LOST_SALE}: {format_cents(row.amount_cents, currency)} charged {when} on "
+           f"{terminal}, order {sale_part}; the machine may have vended it")
+    note = maybe_note(None, terminal, why, row.amount_cents)
+    note.update({"terminal": terminal, "order": sale_part, "charged_at": row.trans_at})
+    return note
 
 
 _LATER = frozenset({TransStatus.VOIDED, TransStatus.REFUNDED, TransStatus.PARTIALLY_REFUNDED,

@@ -108,6 +108,8 @@ def _why(unsure: str) -> str:
         return "a dispenser's error"
     if "stopped mid-vend" in unsure:
         return "the agent stopped mid-vend"
+    if unsure.startswith("the journal lost its sale"):  # the charge check's (sales/audit.py)
+        return "the journal lost its sale"
     return "no vend result heard"
 
 
