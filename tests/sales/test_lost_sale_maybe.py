@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from kiosk_agent.audit.ledger import record_read
+from kiosk_agent.audit.store import AuditStore
 from kiosk_agent.cli import main
 from kiosk_agent.sales.audit import LOST_SALE
 from kiosk_agent.sales.late_vends import ACK, late_vend_of
@@ -17,6 +19,7 @@ from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.sales.unit import split_order_id
 from kiosk_agent.service.models import TransStatus
 
+from ..audit.helpers import figures
 from .test_unit import _sell, _terminal_rows, a_machine
 
 
@@ -92,3 +95,68 @@ async def test_a_paid_vend_whose_journal_was_lost_is_given_back_and_told_as_a_ma
     code = await asyncio.to_thread(main, ["sales", "late-vends", "-c", config])
     assert code == 0
     assert "0 late vends not acknowledged" in capsys.readouterr().out
+
+
+async def test_the_machine_s_books_for_the_charge_s_interval_are_said_beside_the_maybe(
+    agent_factory: Any, sim_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A WAL lost after a paid vend (the journal's main file as its last checkpoint left it,
+    the machine's audit read before the sale with it): the maybe is told, and once the machine's
+    books are read again `sales late-vends` says what they counted for the interval holding
+    the charge (one card vend, $2.50) against the journal's (none: its sale was lost), so a
+    person decides with the machine's books. Before that read it says none covers it yet."""
+    from ..assembly.agent_helpers import TIME_SCALE
+
+    sim = await sim_factory(time_scale=TIME_SCALE, transactions=0)
+    monkeypatch.setenv("KIOSK_MACHINE_ROOT", str(
+        a_machine(tmp_path / "m", "b" * 32, serial="1000000000000002")))
+    first = await agent_factory(sim=sim, directory=tmp_path)
+    store = AuditStore(lambda: first.journal.db)
+    store.open()
+    before = first.clock.time()
+    record_read(store, figures((7, 1750)), at=before, clean=True, sources=["test"])
+    first.journal.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    main_file = tmp_path / "journal.db"
+    kept = main_file.read_bytes()  # what the disk holds of it without the WAL
+    sold = await _sell(first, 250)
+    assert sold.state is SaleState.COMPLETED
+    await first.stop()
+    main_file.write_bytes(kept)
+    for part in tmp_path.glob("journal.db-*"):
+        part.unlink()  # the WAL lost, with the sale's every step
+
+    again = await agent_factory(sim=sim, directory=tmp_path)
+    checked = await asyncio.wait_for(again.journal_guard.first_check(), 20)
+    assert checked is not None
+    assert len(checked.unaccounted) == 1
+    [found] = [r for r in again.journal if r.order_id == sold.order_id]
+    config = str(tmp_path / "config.yaml")
+    code = await asyncio.to_thread(main, ["sales", "late-vends", "-c", config])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert ("\n  no read of the machine's books covers the charge's time yet (the next read "
+            "compares it: `kiosk-agent audit`)\n") in out, out
+
+    # the machine's books read again: one card vend more than the read before the sale
+    [row] = [r for r in await _terminal_rows(again) if r.order_id == sold.order_id]
+    assert row.trans_at is not None
+    # the service dates the charge by its own clock (the simulator's runs scaled): the read is
+    # taken after both
+    after = max(again.clock.time(), row.trans_at) + 1
+    books = AuditStore(lambda: again.journal.db)
+    recorded = record_read(books, figures((8, 2000)), at=after, clean=True, sources=["test"])
+    assert recorded.comparison is not None
+    assert recorded.comparison.verdict == "mismatch"
+    code = await asyncio.to_thread(main, ["sales", "late-vends", "-c", config])
+    out = capsys.readouterr().out
+    assert code == 1
+    [line] = [ln for ln in out.splitlines() if "the machine's books" in ln]
+    assert line.startswith("  the machine's books for the interval holding the charge: "), line
+    assert ("MISMATCH: the machine counted 1 card vend worth $2.50; the journal holds 0 card vends "
+            "worth $0.00 (sales in the interval: none)") in line, line
+    code = await asyncio.to_thread(main, ["sales", "late-vends", "-c", config, "--json"])
+    [listed] = json.loads(capsys.readouterr().out)["late_vends"]
+    assert listed["sale_id"] == found.sale_id
+    assert listed["machine_books"]["verdict"] == "mismatch"
+    assert listed["machine_books"]["machine"] == {"count": 1, "value": 250}
