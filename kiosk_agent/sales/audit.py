@@ -98,6 +98,13 @@ UNSETTLED_AHEAD = 4
 # Ended sales that say no money moved: a charge held under one is unaccounted.
 _NO_MONEY = frozenset({SaleState.FAILED, SaleState.DECLINED, SaleState.CANCELLED})
 AUDIT_SOURCE = "audit"
+# The ends a sale's own flow writes on an answer that approves no vend: the service declined
+# the charge, or reporting showed none after a lost answer (not recovery's: a sale recovery
+# ended may have lost its later steps with the journal, a vend among them)
+_FLOW_NO_VEND_ENDS = frozenset({Step.CHARGE_CARD_DECLINED, Step.AUTHORIZE_DECLINED,
+                                Step.CHARGE_CARD_NONE, Step.AUTHORIZE_NONE})
+# a vend asked of the machine (selection first) or chosen (card first)
+_VEND_ASKED = frozenset({Step.DISPENSE_REQUEST, Step.DISPENSE_CHOSEN})
 # The order id of the sale that gives back a charge held under an ended no-money sale.
 HELD_SUFFIX = "-held"
 
@@ -302,7 +309,8 @@ class ChargeAudit:
                 undecided = _copyable_words(self.unit.id)
             result.unaccounted.append(row.trans_id)
             record = self._order_id_of_its_own(row, record, taken)
-            event = await self._settle(row, record, give_back, len(found), undecided)
+            no_vend = self._no_vend_journaled(row)
+            event = await self._settle(row, record, give_back, len(found), undecided, no_vend)
             result.events.append(event)
         if found:
             _LOGGER.warning("charge check: %d charge(s) the journal did not hold: %s",
@@ -604,9 +612,28 @@ class ChargeAudit:
                 return True
         return False
 
+    def _no_vend_journaled(self, row: Transaction) -> str:
+        """Words when the journal holds the sale of ``row``'s order id whole and ended by its
+        own flow on an answer that approves no vend (the service declined it, or reporting showed
+        no charge after a lost answer), no vend asked for or chosen: its charge is given back
+        with nothing to tell. "" otherwise: the journal lost the sale, or what moved it (an
+        end of recovery's after a lost WAL), and the machine may have vended it. A journal that
+        lost writes lost their latest: a sale's own end on disk has all its steps before it."""
+        parts = split_order_id(row.order_id)
+        sale = self.journal.by_order_id(parts[0]) if parts is not None else None
+        if sale is None or sale.source == AUDIT_SOURCE:
+            return ""
+        steps = [s for s in self.journal.steps(sale.sale_id)
+                 if s.step not in (Step.LATE_VEND, Step.LATE_VEND_SEEN)]
+        if not steps or steps[-1].step not in _FLOW_NO_VEND_ENDS or any(
+                s.step in _VEND_ASKED for s in steps):
+            return ""
+        return (f"its sale {sale.sale_id} ended {sale.state.value} on {steps[-1].step}, "
+                "no vend asked for: nothing went out")
+
     async def _settle(
         self, row: Transaction, record: SaleRecord, give_back: bool, found: int,
-        undecided: str = "",
+        undecided: str = "", no_vend: str = "",
     ) -> SaleEvent:
         detail = {"trans_id": row.trans_id, "order_id": row.order_id,
                   "status": row.status.name if row.status else None}
@@ -623,6 +650,11 @@ class ChargeAudit:
                 f"a charge the journal did not hold ({found} such in one check: too many to "
                 "give back unasked); a person decides now (`kiosk-agent sales resolve`)",
             )
+        if no_vend:
+            event = await steps.reverse(f"a charge the journal did not hold; {no_vend}")
+            if event.state is SaleState.REVERSED:
+                self.given_back += 1
+            return event
         # the journal lost the sale that made this charge: the machine may have vended it, so
         # a person is told in the very commit of the give-back, as every other maybe is
         told = lost_sale_note(row, record.terminal, self.settings.currency)

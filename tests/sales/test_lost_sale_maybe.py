@@ -160,3 +160,58 @@ async def test_the_machine_s_books_for_the_charge_s_interval_are_said_beside_the
     assert listed["sale_id"] == found.sale_id
     assert listed["machine_books"]["verdict"] == "mismatch"
     assert listed["machine_books"]["machine"] == {"count": 1, "value": 250}
+
+
+@pytest.mark.parametrize(("end", "told"), [
+    (Step.AUTHORIZE_DECLINED, False),  # the flow's own end: declined, no vend asked for
+    (Step.RECOVERY_DONE, True),  # recovery's: the journal may have lost what came after
+])
+async def test_a_charge_held_under_a_sale_ended_with_no_money_is_told_unless_its_flow_ended_it(
+    agent_factory: Any, tmp_path: Path, end: Step, told: bool,
+) -> None:
+    """A charge under the order id of a sale the journal ended with no money moved is given
+    back (`-held`). Ended by its own flow on an answer that approves no vend (declined here; no
+    charge shown after a lost answer is the same path, reached only after the late-charge net's
+    day on this boot), with no vend asked for, the journal holds the sale whole (a journal that
+    lost writes lost their latest): nothing went out, nobody need be told. Ended
+    by recovery, it may have lost its later steps (a WAL lost after the charge), a vend among
+    them: told as a maybe."""
+    from kiosk_agent.sales.audit import HELD_SUFFIX
+    from kiosk_agent.sales.journal import Journal, SaleRecord
+    from kiosk_agent.sales.model import Flow
+
+    from ..helpers import walk_to
+    from .test_audit import _charge, checked_start
+
+    order = "KA" + "0123456789ABCDEF0" + ("1" if told else "2")  # each its own on the service
+    journal = Journal(tmp_path / "journal.db")
+    journal.open()
+    record = journal.create(SaleRecord(
+        sale_id="ended001", order_id=order, source="test", flow=Flow.AUTHORIZE_CAPTURE.value,
+        terminal="SIM-0001", amount_cents=300, state=SaleState.STARTED,
+    ))  # fmt: skip
+    record = walk_to(journal, record, SaleState.AUTHORIZING)
+    if end is Step.AUTHORIZE_DECLINED:
+        journal.record(record, end, SaleState.DECLINED)
+    else:
+        journal.record(record, end, SaleState.FAILED)
+    journal.close()
+    agent = await checked_start(agent_factory, directory=tmp_path)
+    trans_id = await _charge(agent, order, 300, capture=False)
+
+    result = await agent.journal_guard.audit.check()
+
+    assert result.unaccounted == [trans_id], result
+    held = agent.journal.by_order_id(order + HELD_SUFFIX)
+    assert held is not None
+    assert held.state is SaleState.REVERSED
+    notes = [s for s in agent.journal.steps(held.sale_id) if s.step == Step.LATE_VEND]
+    health = agent.health.snapshot()
+    if told:
+        [note] = notes
+        assert str(note.detail["unsure"]).startswith(LOST_SALE)
+        assert health.sales.maybe_dispensed == 1
+    else:
+        assert notes == []
+        assert "no vend asked for: nothing went out" in (held.message or ""), held.message
+        assert health.sales.maybe_dispensed == 0
