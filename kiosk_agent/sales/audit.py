@@ -613,16 +613,24 @@ class ChargeAudit:
         return False
 
     def _no_vend_journaled(self, row: Transaction) -> str:
-        """Words when the journal holds the sale of ``row``'s order id whole and ended by its
-        own flow on an answer that approves no vend (the service declined it, or reporting showed
-        no charge after a lost answer), no vend asked for or chosen: its charge is given back
-        with nothing to tell. "" otherwise: the journal lost the sale, or what moved it (an
-        end of recovery's after a lost WAL), and the machine may have vended it. A journal that
-        lost writes lost their latest: a sale's own end on disk has all its steps before it."""
+        """Words when the journal holds the sale of ``row``'s order id and it proves no vend
+        for this charge: the sale ended with money moved under a charge of its own (this one is
+        a second), or ended by its own flow on an answer that approves no vend (the service
+        declined it, or reporting showed no charge after a lost answer), no vend asked for or
+        chosen: the charge is given back with nothing to tell. "" otherwise: the journal lost
+        the sale, or what moved it (an end of recovery's after a lost WAL), and the machine may
+        have vended it. A journal that lost writes lost their latest: a sale's own end on disk
+        has all its steps before it."""
         parts = split_order_id(row.order_id)
         sale = self.journal.by_order_id(parts[0]) if parts is not None else None
         if sale is None or sale.source == AUDIT_SOURCE:
             return ""
+        if sale.state.final and sale.state is not SaleState.ATTENTION and (
+                sale.state not in _NO_MONEY):
+            # ended with its own charge (``_not_its_charge``): this one is another, and a sale
+            # vends at most once (a maybe of its own vend is told on it)
+            return (f"its sale {sale.sale_id} ended {sale.state.value} with its own charge: this "
+                    "is another, and a sale vends at most once: nothing more went out")
         steps = [s for s in self.journal.steps(sale.sale_id)
                  if s.step not in (Step.LATE_VEND, Step.LATE_VEND_SEEN)]
         if not steps or steps[-1].step not in _FLOW_NO_VEND_ENDS or any(
