@@ -9,7 +9,9 @@ hold money (authorized or captured), and compares:
 - a charge of a sale the journal holds, open or ended with money moved: accounted for;
 - a charge of no sale at all: unaccounted. It is journaled as a new sale (``created``, then
   ``audit.found`` charging) and given back (void, or refund once settled), like any dispense
-  that cannot be confirmed;
+  that cannot be confirmed; the machine may have vended it, so a person is told as of every
+  other maybe (a ``late.vend`` note in the give-back's commit: ``lost_sale_note``) unless the
+  journal proves no vend for it (``_no_vend_journaled``);
 - a charge held under a sale the journal ended with no money moved (failed, declined,
   cancelled): the journal lost what moved it (a WAL deleted after the charge's step, say). That
   sale stays as it ended (final, the transition table), and the charge is given back under a
@@ -667,8 +669,8 @@ class ChargeAudit:
         # a person is told in the very commit of the give-back, as every other maybe is
         told = lost_sale_note(row, record.terminal, self.settings.currency)
         event = await steps.reverse(
-            "a charge the journal did not hold; its sale was lost with the journal's part that "
-            "held it, so the agent cannot say whether the product went out (told to a person)",
+            "a charge the journal did not hold; the journal lost its sale, or what moved it, so "
+            "the agent cannot say whether the product went out (told to a person)",
             told=told,
         )
         if self.told is not None:
