@@ -46,7 +46,7 @@ from kiosk_agent.sales.states import RESOLUTIONS, SaleState
 # The journal is imported by the commands that use it: the parser (`--help`, shell completion)
 # must not wait for sqlite.
 if TYPE_CHECKING:
-    from kiosk_agent.sales.journal import SaleRecord
+    from kiosk_agent.sales.journal import Journal, SaleRecord
     from kiosk_agent.sales.late_vends import LateVend
 
 
@@ -353,12 +353,14 @@ async def late_vends_command(args: argparse.Namespace) -> int:
                 f"{', '.join(done)}", acknowledged=done)
             return EXIT_OK
         late = watch.unseen()
+        books = _books_at_charges(journal, late)
     finally:
         journal.close()
     if wants_json(args):
         print(json.dumps({"late_vends": [
             {"sale_id": v.sale_id, "product": v.product, "source": v.source, "at": v.at,
-             "unsure": v.unsure, "cents": v.cents}
+             "unsure": v.unsure, "cents": v.cents,
+             **({"machine_books": books[v.sale_id][0]} if v.sale_id in books else {})}
             for v in late]}, indent=2))
         return EXIT_FAILED if late else EXIT_OK
     from kiosk_agent.text import for_terminal
@@ -371,10 +373,39 @@ async def late_vends_command(args: argparse.Namespace) -> int:
                 "the money went back")
         print(f"{vend.sale_id}  {for_terminal(vend.product or '(product unnamed)')}  "
               f"{for_terminal(vend.source)}  {said}")
+        if books.get(vend.sale_id, (None, ""))[1]:
+            print(f"  {books[vend.sale_id][1]}")
     print(plural(len(late), "late vend") + " not acknowledged"
           + ("; check the stock, then: kiosk-agent sales late-vends --ack SALE|all"
              if late else ""))
     return EXIT_FAILED if late else EXIT_OK
+
+
+def _books_at_charges(
+    journal: Journal, late: Sequence[LateVend]
+) -> dict[str, tuple[dict[str, Any] | None, str]]:
+    """For each maybe whose sale the journal lost (its charge's time kept on the note): the
+    machine's books for the interval holding the charge (audit/at_charge.py), as JSON (None: no
+    read covers it) and in words ("" where the unit keeps no books), by sale id."""
+    lost = [(v.sale_id, v.charged_at) for v in late if v.charged_at is not None]
+    if not lost:
+        return {}
+    import sqlite3
+
+    from kiosk_agent.audit.at_charge import books_at, books_words
+    from kiosk_agent.audit.store import AuditStore
+
+    store = AuditStore(lambda: journal.db)
+    try:
+        known = store.exists()
+    except sqlite3.Error:
+        known = False
+    found = {}
+    for sale_id, charged_at in lost:
+        comparison = books_at(store, charged_at) if known else None
+        found[sale_id] = (comparison.as_dict() if comparison else None,
+                          books_words(comparison, known))
+    return found
 
 
 async def sales_command(args: argparse.Namespace) -> int:

@@ -9,7 +9,9 @@ hold money (authorized or captured), and compares:
 - a charge of a sale the journal holds, open or ended with money moved: accounted for;
 - a charge of no sale at all: unaccounted. It is journaled as a new sale (``created``, then
   ``audit.found`` charging) and given back (void, or refund once settled), like any dispense
-  that cannot be confirmed;
+  that cannot be confirmed; the machine may have vended it, so a person is told as of every
+  other maybe (a ``late.vend`` note in the give-back's commit: ``lost_sale_note``) unless the
+  journal proves no vend for it (``_no_vend_journaled``);
 - a charge held under a sale the journal ended with no money moved (failed, declined,
   cancelled): the journal lost what moved it (a WAL deleted after the charge's step, say). That
   sale stays as it ended (final, the transition table), and the charge is given back under a
@@ -34,16 +36,19 @@ import datetime as dt
 import logging
 import math
 from array import array
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from dataclasses import field, replace
+from typing import Any
 
 from kiosk_agent.data_class import data_class
+from kiosk_agent.moments import display_time
 from kiosk_agent.money import format_cents
 from kiosk_agent.sales.attention import LATE_CHARGE_HANDOVER_S, late_charge_watched
 from kiosk_agent.sales.clock import next_turn
 from kiosk_agent.sales.journal import CHARGE_LOOKBACK_S, SaleRecord
 from kiosk_agent.sales.journal_reads import OrderState
 from kiosk_agent.sales.journal_records import Later
+from kiosk_agent.sales.late_vends import maybe_note
 from kiosk_agent.sales.model import Flow, SaleEvent
 from kiosk_agent.sales.runner import new_ids
 from kiosk_agent.sales.settings import CHARGE_CHECK_MAX_GIVE_BACK
@@ -95,6 +100,13 @@ UNSETTLED_AHEAD = 4
 # Ended sales that say no money moved: a charge held under one is unaccounted.
 _NO_MONEY = frozenset({SaleState.FAILED, SaleState.DECLINED, SaleState.CANCELLED})
 AUDIT_SOURCE = "audit"
+# The ends a sale's own flow writes on an answer that approves no vend: the service declined
+# the charge, or reporting showed none after a lost answer (not recovery's: a sale recovery
+# ended may have lost its later steps with the journal, a vend among them)
+_FLOW_NO_VEND_ENDS = frozenset({Step.CHARGE_CARD_DECLINED, Step.AUTHORIZE_DECLINED,
+                                Step.CHARGE_CARD_NONE, Step.AUTHORIZE_NONE})
+# a vend asked of the machine (selection first) or chosen (card first)
+_VEND_ASKED = frozenset({Step.DISPENSE_REQUEST, Step.DISPENSE_CHOSEN})
 # The order id of the sale that gives back a charge held under an ended no-money sale.
 HELD_SUFFIX = "-held"
 
@@ -208,8 +220,12 @@ class ChargeAudit:
         max_give_back: int = CHARGE_CHECK_MAX_GIVE_BACK,
         foreign_quiet: float = FOREIGN_QUIET_S,
         now: Callable[[], float] | None = None,
+        told: Callable[[str, Mapping[str, Any]], None] | None = None,
     ) -> None:
         self.context = context
+        # told of each charge given back whose vend may have been made (its sale lost with the
+        # journal's part that held it): the late vends' watch (``LateVendWatch.noted``)
+        self.told = told
         self.journal = context.journal
         self.settings = context.settings
         self.unit = context.unit
@@ -295,7 +311,8 @@ class ChargeAudit:
                 undecided = _copyable_words(self.unit.id)
             result.unaccounted.append(row.trans_id)
             record = self._order_id_of_its_own(row, record, taken)
-            event = await self._settle(row, record, give_back, len(found), undecided)
+            no_vend = self._no_vend_journaled(row)
+            event = await self._settle(row, record, give_back, len(found), undecided, no_vend)
             result.events.append(event)
         if found:
             _LOGGER.warning("charge check: %d charge(s) the journal did not hold: %s",
@@ -597,9 +614,36 @@ class ChargeAudit:
                 return True
         return False
 
+    def _no_vend_journaled(self, row: Transaction) -> str:
+        """Words when the journal holds the sale of ``row``'s order id and it proves no vend
+        for this charge: the sale ended with money moved under a charge of its own (this one is
+        a second), or ended by its own flow on an answer that approves no vend (the service
+        declined it, or reporting showed no charge after a lost answer), no vend asked for or
+        chosen: the charge is given back with nothing to tell. "" otherwise: the journal lost
+        the sale, or what moved it (an end of recovery's after a lost WAL), and the machine may
+        have vended it. A journal that lost writes lost their latest: a sale's own end on disk
+        has all its steps before it."""
+        parts = split_order_id(row.order_id)
+        sale = self.journal.by_order_id(parts[0]) if parts is not None else None
+        if sale is None or sale.source == AUDIT_SOURCE:
+            return ""
+        if sale.state.final and sale.state is not SaleState.ATTENTION and (
+                sale.state not in _NO_MONEY):
+            # ended with its own charge (``_not_its_charge``): this one is another, and a sale
+            # vends at most once (a maybe of its own vend is told on it)
+            return (f"its sale {sale.sale_id} ended {sale.state.value} with its own charge: this "
+                    "is another, and a sale vends at most once: nothing more went out")
+        steps = [s for s in self.journal.steps(sale.sale_id)
+                 if s.step not in (Step.LATE_VEND, Step.LATE_VEND_SEEN)]
+        if not steps or steps[-1].step not in _FLOW_NO_VEND_ENDS or any(
+                s.step in _VEND_ASKED for s in steps):
+            return ""
+        return (f"its sale {sale.sale_id} ended {sale.state.value} on {steps[-1].step}, "
+                "no vend asked for: nothing went out")
+
     async def _settle(
         self, row: Transaction, record: SaleRecord, give_back: bool, found: int,
-        undecided: str = "",
+        undecided: str = "", no_vend: str = "",
     ) -> SaleEvent:
         detail = {"trans_id": row.trans_id, "order_id": row.order_id,
                   "status": row.status.name if row.status else None}
@@ -616,10 +660,45 @@ class ChargeAudit:
                 f"a charge the journal did not hold ({found} such in one check: too many to "
                 "give back unasked); a person decides now (`kiosk-agent sales resolve`)",
             )
-        event = await steps.reverse("a charge the journal did not hold; not known dispensed")
+        if no_vend:
+            event = await steps.reverse(f"a charge the journal did not hold; {no_vend}")
+            if event.state is SaleState.REVERSED:
+                self.given_back += 1
+            return event
+        # the journal lost the sale that made this charge: the machine may have vended it, so
+        # a person is told in the very commit of the give-back, as every other maybe is
+        told = lost_sale_note(row, record.terminal, self.settings.currency)
+        event = await steps.reverse(
+            "a charge the journal did not hold; the journal lost its sale, or what moved it, so "
+            "the agent cannot say whether the product went out (told to a person)",
+            told=told,
+        )
+        if self.told is not None:
+            self.told(record.sale_id, told)
         if event.state is SaleState.REVERSED:
             self.given_back += 1
         return event
+
+
+# the start of a maybe's words (``late.vend``'s ``unsure``) for a charge whose sale was lost:
+# health's kind of it (sales/late_vends.py ``_why``)
+LOST_SALE = "the journal lost its sale"
+
+
+def lost_sale_note(row: Transaction, terminal: str, currency: str = "USD") -> dict[str, Any]:
+    """The ``late.vend`` maybe note of a charge of the unit's own whose sale the journal no
+    longer holds (a WAL lost, a journal damaged or replaced): what the agent knows of it, the
+    amount, the service's time of the charge, the terminal and the order id's sale part (no
+    card data: reporting's row gives none here). The product is unknown: its sale is lost."""
+    parts = split_order_id(row.order_id)
+    sale_part = parts[0] if parts is not None else _shown(row.order_id)
+    when = "at a time reporting did not give" if row.trans_at is None else (
+        display_time(row.trans_at))
+    why = (f"{LOST_SALE}: {format_cents(row.amount_cents, currency)} charged {when} on "
+           f"{terminal}, order {sale_part}; the machine may have vended it")
+    note = maybe_note(None, terminal, why, row.amount_cents)
+    note.update({"terminal": terminal, "order": sale_part, "charged_at": row.trans_at})
+    return note
 
 
 _LATER = frozenset({TransStatus.VOIDED, TransStatus.REFUNDED, TransStatus.PARTIALLY_REFUNDED,

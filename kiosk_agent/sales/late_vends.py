@@ -62,6 +62,9 @@ class LateVend:
     # a maybe the machine closed: what it said later (its vend failed: nothing went out; a
     # ``late.vend.seen`` by ``MACHINE``, ``LateVendWatch.not_vended``); "" while open
     not_vended: str = ""
+    # the service's time of the charge of a maybe whose sale the journal lost (the charge
+    # check's, sales/audit.py ``lost_sale_note``): where the machine's books are looked up
+    charged_at: float | None = None
 
     def text(self) -> str:
         """Said on its sale (the sales table, `sales show`, the page's sale line), where the
@@ -108,6 +111,8 @@ def _why(unsure: str) -> str:
         return "a dispenser's error"
     if "stopped mid-vend" in unsure:
         return "the agent stopped mid-vend"
+    if unsure.startswith("the journal lost its sale"):  # the charge check's (sales/audit.py)
+        return "the journal lost its sale"
     return "no vend result heard"
 
 
@@ -133,9 +138,11 @@ def _next(found: LateVend | None, step: StepRecord) -> LateVend | None:
 def _late_vend(step: StepRecord) -> LateVend:
     facts = step.detail
     cents = facts.get("cents")
+    charged = facts.get("charged_at")
     return LateVend(step.sale_id, str(facts.get("product") or ""),
                     str(facts.get("source") or ""), step.at, str(facts.get("unsure") or ""),
-                    cents if type(cents) is int else None)
+                    cents if type(cents) is int else None,
+                    charged_at=float(charged) if isinstance(charged, int | float) else None)
 
 
 def maybe_note(product: str | None, source: str, why: str, cents: int) -> dict[str, Any]:

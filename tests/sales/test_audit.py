@@ -1143,6 +1143,11 @@ async def test_a_charge_of_a_sales_own_order_id_that_is_not_its_charge_is_given_
     assert result.ok, result.error
     assert result.unaccounted == [again]
     assert [state for _, state in give_backs_of(agent, again)] == [SaleState.REVERSED.value]
+    [(given_under, _)] = give_backs_of(agent, again)
+    given = agent.journal.by_order_id(given_under)
+    # the sale vends once and the journal holds it: no maybe told of this charge
+    assert Step.LATE_VEND not in [s.step for s in agent.journal.steps(given.sale_id)]
+    assert "a sale vends at most once: nothing more went out" in given.message, given.message
     ledger = await statuses(agent, base)
     assert ledger[again] is TransStatus.VOIDED
     assert ledger[first] is (TransStatus.VOIDED if ended is SaleState.REVERSED
