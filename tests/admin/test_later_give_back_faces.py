@@ -110,6 +110,12 @@ async def test_the_event_stream_announces_a_later_give_back_as_its_own_kind_live
     assert (after.today_count, after.today_amount_cents) == (
         today.today_count, today.today_amount_cents)
     assert (after.today_given_back_count, after.today_given_back_cents) == (1, 1999)
+    async with aiohttp.ClientSession(headers=admin_headers) as http, http.get(
+            f"{admin_server.url}/api/page") as response:
+        page = await response.json()
+    # the page's line of the day: its takings as they were, what others gave back beside
+    assert page["today_amount"] == f"${Decimal(today.today_amount_cents) / 100:.2f}"
+    assert page["today_given_back"] == "$19.99 given back since by others, at the service"
 
     async with aiohttp.ClientSession(headers=admin_headers) as http, http.get(
             f"{admin_server.url}/api/events", params={"since": str(began + 0.0005)}) as response:

@@ -151,6 +151,12 @@ async def test_home_assistant_shows_what_others_gave_back_today_and_no_count_mov
             assert ha.violations(f"homeassistant/sensor/x/{key}/config", configs[key],
                                  "2024.3") == []
 
+        # `kiosk-agent health` / `fleet health` say it from the same report, beside the day's
+        from kiosk_agent.cli.fleet import format_health
+
+        [line] = [x for x in format_health(report).splitlines() if x.startswith("sales:")]
+        assert "2 completed, $4.25 ($2.75 given back since by others); open 0" in line, line
+
         # a check that finds nothing changed announces nothing and counts nothing
         count = len(seen)
         again = await agent.journal_guard.audit.check(settled=True)
