@@ -130,7 +130,7 @@ class Timings:
         A sale begun before this process (finished by recovery) has no start here and is not
         timed; it is counted in ``kiosk_agent_sales_total`` all the same."""
         now = time.monotonic() if now is None else now
-        if event.receipt:
+        if event.receipt or event.given_back_later:
             return
         if event.state is SaleState.STARTED:
             if len(self._started) >= _MAX_TIMED:

@@ -740,7 +740,17 @@ def health_view(snapshot: dict[str, Any], config: str | None = None) -> dict[str
         "unit": unit_view(snapshot.get("unit") or {}, config),
         "availability": availability(snapshot),
         "today_amount": format_cents(int(snapshot["sales"]["today_amount_cents"])),
+        # of those sales, what others gave back later at the service ("" none), in money_text's
+        # words beside the day's takings, which stay what the sales captured
+        "today_given_back": _given_back_today(snapshot["sales"]),
     }
+
+
+def _given_back_today(sales: dict[str, Any]) -> str:
+    cents = sales.get("today_given_back_cents")
+    if type(cents) is not int or cents <= 0:
+        return ""
+    return f"{format_cents(cents)} given back since by others, at the service"
 
 
 def unit_view(unit: dict[str, Any], config: str | None = None) -> dict[str, Any]:

@@ -201,6 +201,7 @@ class Agent:
             self.version, key_warning=health_conf["key_warning"],
             # the day of the clock the journal dates its sales by, as Journal.today counts it
             today=lambda: day_of(self.clock.time()), day_figures=self._day_figures,
+            given_back=self._given_back,
         )  # fmt: skip
         keys = self.service.transport.keys
         # out of service, gracefully: the agent's events in the journal, one decider for all
@@ -431,6 +432,16 @@ class Agent:
             return self.journal.today(day_start(day))
         except (sqlite3.Error, JournalError) as err:  # the journal's own health says why
             _LOGGER.warning("the day's sales could not be read from the journal: %s", err)
+            return None
+
+    def _given_back(self, day: dt.date) -> tuple[int, int] | None:
+        """What others gave back later of a day's completed sales, as the journal holds it;
+        None where it cannot be read."""
+        try:
+            return self.journal.given_back_today(day_start(day))
+        except (sqlite3.Error, JournalError) as err:  # the journal's own health says why
+            _LOGGER.warning("the day's later give-backs could not be read from the journal: %s",
+                            err)
             return None
 
     def _start_recovery_and_checks(self) -> list[str]:

@@ -726,7 +726,12 @@ def format_health(report: dict[str, Any], now: float | None = None) -> str:
             else ""
         ),
         f"sales:    {_sales_day(sales, now)} {sales.get('today_count', 0)} completed, "
-        f"{format_cents(int(sales.get('today_amount_cents', 0)))}; "
+        f"{format_cents(int(sales.get('today_amount_cents', 0)))}"
+        # of those, what others gave back later at the service (the page's words)
+        + (f" ({format_cents(sales['today_given_back_cents'])} given back since by others)"
+           if type(sales.get("today_given_back_cents")) is int
+           and sales["today_given_back_cents"] > 0 else "")
+        + "; "
         f"open {sales.get('open', 0)}, attention {sales.get('attention', 0)}"
         # the prices of the sales in attention, as health sums them (sales.attention_cents)
         + (f" ({format_cents(sales['attention_cents'])})"

@@ -180,7 +180,9 @@ UNIT_ENTITIES: tuple[Entity, ...] = (
         "Sales today amount",
         {
             # cents on the wire (exact), currency units for people; monetary takes only
-            # state_class total, so the midnight reset is told by last_reset
+            # state_class total, so the midnight reset is told by last_reset. What the day's
+            # completed sales captured (the agent's takings), not net of what others gave back
+            # later at the service: that is "Given back today" beside it
             "value_template": "{{ (value_json.sales.today_amount_cents / 100) | round(2) }}",
             "device_class": "monetary",
             "state_class": "total",
@@ -188,6 +190,39 @@ UNIT_ENTITIES: tuple[Entity, ...] = (
             "last_reset_value_template": "{{ value_json.sales.day_started }}",
         },
         currency=True,
+    ),
+    Entity(
+        "sensor",
+        "given_back_today_amount",
+        "Given back today amount",
+        {
+            # of the same sales, what others (a person at the portal, another program) voided,
+            # refunded or charged back at the service after they completed, as the journal
+            # holds it: "Sales today amount" less this is what the service still holds of them
+            # (a release before it sends none: 0)
+            "value_template": (
+                "{{ ((value_json.sales.today_given_back_cents | default(0)) / 100) | round(2) }}"
+            ),
+            "device_class": "monetary",
+            "state_class": "total",
+            "suggested_display_precision": 2,
+            "last_reset_value_template": "{{ value_json.sales.day_started }}",
+            "icon": "mdi:cash-refund",
+        },
+        currency=True,
+    ),
+    Entity(
+        "sensor",
+        "given_back_today",
+        "Given back today",
+        {
+            # the sales of those with anything given back by others (a refund noted twice, in
+            # part then whole, is one sale); a later give-back can come, or a chargeback be won
+            # back, at any time: measurement, not a meter
+            "value_template": "{{ value_json.sales.today_given_back_count | default(0) }}",
+            **_COUNT,
+            "icon": "mdi:cash-refund",
+        },
     ),
     Entity(
         "sensor",

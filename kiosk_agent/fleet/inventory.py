@@ -356,7 +356,8 @@ _FIELDS: dict[str, tuple[Any, str]] = {
     "links": (_records(name=_text, state=_text), "a list of links (name, state)"),
 }
 _SALES_COUNTS = ("today_count", "today_amount_cents", "open", "attention", "attention_cents",
-                 "late_vends", "maybe_dispensed")
+                 "late_vends", "maybe_dispensed", "today_given_back_count",
+                 "today_given_back_cents")
 _SALES: dict[str, tuple[Any, str]] = {
     **{name: (_count, "a whole number, 0 or more") for name in _SALES_COUNTS},
     "day_started_at": (_unix_time, "a Unix time"),

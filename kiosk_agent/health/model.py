@@ -179,9 +179,16 @@ class SalesHealth(_Model):
     # after their sale gave up waiting, and those a dispenser's error may have let out
     late_vends: int = 0
     maybe_dispensed: int = 0
-    # completed sales created today: a day is a UTC day (kiosk_agent.moments, the one rule)
+    # completed sales created today: a day is a UTC day (kiosk_agent.moments, the one rule);
+    # today_amount_cents sums what they captured (the agent's takings), not net of what others
+    # gave back later at the service: that is today_given_back_cents, beside it
     today_count: int = 0
     today_amount_cents: int = 0
+    # of those same sales, what others (a person at the portal, another program) voided,
+    # refunded or charged back at the service after the sale completed, as the charge check
+    # noted it (``sale_later``; the export's given_back_by_others): sales, cents
+    today_given_back_count: int = 0
+    today_given_back_cents: int = 0
     day_started_at: WallTime = 0.0  # Unix time of the UTC midnight the day's figures count from
 
 
@@ -256,6 +263,7 @@ class Health:
         key_warning: float = KEY_WARNING,
         today: Callable[[], dt.date] | None = None,
         day_figures: Callable[[dt.date], tuple[int, int] | None] | None = None,
+        given_back: Callable[[dt.date], tuple[int, int] | None] | None = None,
     ) -> None:
         self.version = version
         # the day the day's figures belong to (the agent's clock; tests move it): its UTC date
@@ -263,6 +271,9 @@ class Health:
         # (count, cents) of a day's completed sales as the journal counts them, read when the
         # day changes: a wall clock stepped back over midnight lands on a day that had sales
         self._day_figures = day_figures
+        # (count, cents) others gave back later of a day's completed sales, as the journal
+        # holds them: read at a start, a new day and each later give-back announced
+        self._given_back = given_back
         self.key_warning = key_warning
         self._started_wall = time.time()
         self._started_mono = time.monotonic()
@@ -279,6 +290,7 @@ class Health:
         self._today: dt.date = self.today()
         self._today_count = 0
         self._today_cents = 0
+        self._today_given_back = (0, 0)
         self._sales_total: Counter[tuple[str, SaleState]] = Counter()
         self._captured_total: Counter[str] = Counter()
         self._reversed_total: Counter[str] = Counter()
@@ -549,6 +561,11 @@ class Health:
         """Follow one step of a sale from the agent's event bus."""
         if event.step == Step.RECEIPT:  # SaleEvent.receipt, without a call at each step
             return  # a note on a sale already counted
+        if event.step == Step.SERVICE_LATER:  # SaleEvent.given_back_later: a note, no end
+            self._roll_day()
+            self._read_given_back()
+            self._changed()
+            return
         if not event.state.final:
             self._open_sales.add(event.sale_id)
             return
@@ -604,7 +621,15 @@ class Health:
             self._today_count = today_count
         if today_amount_cents is not None:
             self._today_cents = today_amount_cents
+        self._read_given_back()
         self._changed()
+
+    def _read_given_back(self) -> None:
+        """The day's later give-backs, from the journal (kept when it cannot be read)."""
+        if self._given_back is not None:
+            figures = self._given_back(self._today)
+            if figures is not None:
+                self._today_given_back = figures
 
     async def follow_sales(self, events: EventBus[SaleEvent]) -> None:
         """Count every step published on ``events`` until cancelled (run as a task by the
@@ -636,6 +661,8 @@ class Health:
             maybe_dispensed=maybe,
             today_count=self._today_count,
             today_amount_cents=self._today_cents,
+            today_given_back_count=self._today_given_back[0],
+            today_given_back_cents=self._today_given_back[1],
             day_started_at=day_start(self._today),
         )
         availability = sorted(self._availability.values(), key=lambda a: a.device_id)
@@ -762,6 +789,8 @@ class Health:
             return False
         figures = self._day_figures(today) if self._day_figures is not None else None
         self._today, (self._today_count, self._today_cents) = today, figures or (0, 0)
+        self._today_given_back = (0, 0)
+        self._read_given_back()
         return figures is not None
 
 

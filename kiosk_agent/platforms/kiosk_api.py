@@ -93,6 +93,9 @@ from kiosk_agent.web.server import (
 _LOGGER = logging.getLogger(__name__)
 
 _KEPT_SALES = 500  # latest step of this many recent sales, for GET and late WebSocket joins
+# notes on a completed sale, not steps of it the app waits for: a receipt, and what others
+# gave back at the service later (its own kind: SaleEvent.given_back_later)
+_NOT_TO_THE_APP = frozenset({Step.RECEIPT, Step.SERVICE_LATER})
 
 
 def _token(value: Any) -> str:
@@ -451,7 +454,7 @@ class KioskApi:
         """Keep this app's latest step of each sale (a listener: called as each is published)."""
         # the step compared here, not through SaleEvent.receipt: a property is a Python call on
         # each of a sale's six steps, in each of the listeners every step calls
-        if event.source != self.name or event.step == Step.RECEIPT:
+        if event.source != self.name or event.step in _NOT_TO_THE_APP:
             return
         self._latest[event.sale_id] = event
         self._latest.move_to_end(event.sale_id)

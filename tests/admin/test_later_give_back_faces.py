@@ -70,3 +70,62 @@ async def test_the_api_the_export_and_the_page_show_a_void_made_at_the_service_l
     assert await asyncio.to_thread(main, ["sales", "-c", config]) == 0
     table = capsys.readouterr().out
     assert "$19.99 charged ($19.99 given back since by others, at the service)" in table
+
+
+async def test_the_event_stream_announces_a_later_give_back_as_its_own_kind_live_and_replayed(
+    agent: Any, admin_server: Any, admin_headers: dict[str, str]
+) -> None:
+    """Open on `GET /api/events` while the charge check notes a void a person made at the
+    service: one ``sale`` event of its own step (``service.later``), the sale still completed,
+    its words and money as the journal's note and record hold them; the same view again when
+    a follower that lost its connection asks for what it missed (``since``). The day's count
+    and takings in the stream's health stay; what others gave back sits beside them."""
+    from tests.admin.test_page import _events
+
+    done = await _sell(agent, 1999)
+    record = agent.journal.get(done.sale_id)
+    began = record.updated_at
+    async with aiohttp.ClientSession(headers=admin_headers) as http, http.get(
+            f"{admin_server.url}/api/events") as response:
+        stream = _events(response)
+        kind, _ = await anext(stream)
+        assert kind == "health"
+        today = agent.health.snapshot().sales
+        await agent.service.payments.void_or_refund(record.trans_id, user_identifier="jane")
+        assert (await agent.journal_guard.audit.check(settled=True)).later == [record.sale_id]
+        async with asyncio.timeout(10):
+            async for kind, view in stream:
+                if kind == "sale" and view["sale_id"] == record.sale_id:
+                    break
+    noted = agent.journal.get(record.sale_id)
+    [step] = [s for s in agent.journal.steps(record.sale_id) if s.step == "service.later"]
+    assert view["step"] == "service.later"
+    assert view["state"] == "completed"
+    assert view["message"] == step.detail["message"]
+    assert view["message"] == ("$19.99 voided at the service after the sale completed by "
+                               "'jane' (not the agent); the agent moved no money on it")
+    assert view["money"] == "$19.99 charged ($19.99 given back since by others, at the service)"
+    assert noted.later_cents == 1999
+    after = agent.health.snapshot().sales
+    assert (after.today_count, after.today_amount_cents) == (
+        today.today_count, today.today_amount_cents)
+    assert (after.today_given_back_count, after.today_given_back_cents) == (1, 1999)
+    async with aiohttp.ClientSession(headers=admin_headers) as http, http.get(
+            f"{admin_server.url}/api/page") as response:
+        page = await response.json()
+    # the page's line of the day: its takings as they were, what others gave back beside
+    assert page["today_amount"] == f"${Decimal(today.today_amount_cents) / 100:.2f}"
+    assert page["today_given_back"] == "$19.99 given back since by others, at the service"
+
+    async with aiohttp.ClientSession(headers=admin_headers) as http, http.get(
+            f"{admin_server.url}/api/events", params={"since": str(began + 0.0005)}) as response:
+        replayed = []
+        async with asyncio.timeout(10):
+            async for kind, data in _events(response):
+                if kind == "sale":
+                    replayed.append(data)
+                if kind == "replayed":
+                    break
+    [again] = [v for v in replayed if v["step"] == "service.later"]
+    assert {k: again[k] for k in ("sale_id", "state", "message", "money")} == {
+        k: view[k] for k in ("sale_id", "state", "message", "money")}

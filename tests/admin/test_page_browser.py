@@ -744,3 +744,28 @@ async def test_at_midnight_the_pages_sessions_apart_go_with_the_day(
     await expect(page.locator("#today")).to_have_text("0 completed, $0.00", timeout=WAIT_MS)
     await expect(page.locator("#sessions-apart")).to_be_hidden(timeout=WAIT_MS)
     assert seen.errors == []
+
+
+async def test_the_page_shows_a_void_made_at_the_service_later_beside_the_days_takings(
+    browser: Browser, agent: Any, admin_server: Any
+) -> None:
+    """A sale of $2.50 completed, the page open; a person voids it at the service and the
+    charge check notes it: the event list says the note's step (not a second completed sale)
+    and the day's line keeps its count and takings with what others gave back beside them, as
+    the journal holds them, with no reload by hand."""
+    done = await _sell(agent, 250)
+    record = agent.journal.get(done.sale_id)
+    page, seen = await _open(browser, admin_server.url, DESKTOP, ADMIN_TOKEN)
+    await expect(page.locator("#live")).to_have_text("live", timeout=WAIT_MS)
+    await expect(page.locator("#today")).to_have_text("1 completed, $2.50", timeout=WAIT_MS)
+    await agent.service.payments.void_or_refund(record.trans_id, user_identifier="ops")
+    assert (await agent.journal_guard.audit.check(settled=True)).later == [record.sale_id]
+    noted = agent.journal.get(record.sale_id)
+    assert (noted.state, noted.captured_cents, noted.later_cents) == (
+        SaleState.COMPLETED, 250, 250)
+    await expect(page.locator("#events")).to_contain_text(
+        f"sale {record.sale_id[:8]} service.later → completed", timeout=WAIT_MS)
+    await expect(page.locator("#today")).to_have_text(
+        "1 completed, $2.50 ($2.50 given back since by others, at the service)",
+        timeout=WAIT_MS)
+    assert seen.errors == []

@@ -299,7 +299,7 @@ async def test_fleet_forget_clears_a_decommissioned_units_retained_topics(
     neighbour = await _announce(mosquitto, "other-unit")
     config = _fleet_config(tmp_path, mosquitto)
     unit_topics = ("kiosk-agent/old-unit/#", "homeassistant/+/old-unit/+/config")
-    assert len(await _retained(mosquitto, *unit_topics)) == 19  # 17 configs, state, availability
+    assert len(await _retained(mosquitto, *unit_topics)) == 21  # 19 configs, state, availability
 
     # still running: refused, with the fix
     assert await run_cli("fleet", "forget", "--config", str(config), "--wait", "0.3") == 1
@@ -313,17 +313,17 @@ async def test_fleet_forget_clears_a_decommissioned_units_retained_topics(
     assert code == 0
     answer = json.loads(capsys.readouterr().out)
     assert answer["device_id"] == "old-unit"
-    assert len(answer["found"]) == 19
+    assert len(answer["found"]) == 21
     assert await _retained(mosquitto, *unit_topics) == {}  # Home Assistant forgets it
     # the configs first (HA removes the entities), the state after: no template meets an
     # empty state while its entity is still there
-    await until(lambda: len([m for m in watcher.messages if not m[1]]) >= 17)
+    await until(lambda: len([m for m in watcher.messages if not m[1]]) >= 19)
     await watcher.stop()
     cleared = [topic for topic, payload, _ in watcher.messages if not payload]
     last_config = max(i for i, topic in enumerate(cleared) if topic.endswith("/config"))
     assert last_config < cleared.index("kiosk-agent/old-unit/state")
     # the neighbour is untouched
-    assert len(await _retained(mosquitto, "homeassistant/+/other-unit/+/config")) == 17
+    assert len(await _retained(mosquitto, "homeassistant/+/other-unit/+/config")) == 19
     await neighbour.stop()
 
 
@@ -456,7 +456,7 @@ async def test_fleet_forget_fails_when_the_broker_keeps_what_it_was_asked_to_cle
                 "--wait", "0.5", "--settle", "0.1")
         assert await run_cli(*argv) == 1
         err = capsys.readouterr().err
-        assert ("the broker kept 17 of acl-unit's discovery configs after they were cleared"
+        assert ("the broker kept 19 of acl-unit's discovery configs after they were cleared"
                 in err)
         assert "its state and availability are left for the entities HA keeps" in err
         assert "may the MQTT user admin write there" in err

@@ -48,9 +48,12 @@ def _discovery(**options: Any) -> dict[str, dict[str, Any]]:
 def test_discovery_describes_one_device_with_its_entities() -> None:
     messages = discovery_messages("unit-1", "1.0", "k/unit-1/state", "k/unit-1/availability", "ha")
     topics = [topic for topic, _ in messages]
-    assert len(topics) == 17
+    assert len(topics) == 19
     assert "ha/binary_sensor/unit-1/problem/config" in topics
     assert "ha/sensor/unit-1/sales_today_amount/config" in topics
+    # what others gave back later of the day's sales, beside the day's takings
+    assert "ha/sensor/unit-1/given_back_today_amount/config" in topics
+    assert "ha/sensor/unit-1/given_back_today/config" in topics
     assert "ha/event/unit-1/alert/config" in topics
     assert "ha/sensor/unit-1/uptime/config" not in topics  # retired: "Started at" instead
     identifiers = {json.dumps(config["device"]["identifiers"]) for _, config in messages}

@@ -137,7 +137,7 @@ async def test_home_assistants_birth_message_brings_the_discovery_again(mosquitt
         await until(lambda: len(observer.on("kiosk-agent/unit-b/state")) == 1)
         configs = [t for t, payload, _ in observer.messages if t.endswith("/config") and payload
                    and t != uptime]
-        assert len(configs) == 17
+        assert len(configs) == 19
         for topic in configs:  # what the broker hands Home Assistant passes HA's rules
             payload = json.loads(observer.on(topic)[0])
             assert ha.violations(topic, payload, "2024.3") == []
@@ -974,11 +974,11 @@ async def test_a_reconnect_publishes_only_the_configs_the_broker_lacks(mosquitto
         await until(lambda: sink.online)
         await observer.caught_up()
         announced = {t: p for t, p, _ in observer.messages}
-        assert len(announced) == sink.configs_published == 17
+        assert len(announced) == sink.configs_published == 19
 
         await _reconnect(proxy, clock, sink, 2)
         await observer.caught_up()
-        assert len(observer.messages) == 17  # not one config again
+        assert len(observer.messages) == 19  # not one config again
         assert (sink.announcements, sink.announces_skipped) == (1, 1)
 
         async with aiomqtt.Client("127.0.0.1", mosquitto) as person:
@@ -988,13 +988,13 @@ async def test_a_reconnect_publishes_only_the_configs_the_broker_lacks(mosquitto
         await observer.caught_up()
         assert observer.on(status) == [announced[status], "", announced[status]]
         assert observer.on(problem)[-1] == announced[problem]
-        assert sink.configs_published == 19
+        assert sink.configs_published == 21
 
         async with aiomqtt.Client("127.0.0.1", mosquitto) as forget:
             for topic in announced:
                 await forget.publish(topic, b"", qos=1, retain=True)
         await _reconnect(proxy, clock, sink, 4)
-        assert sink.configs_published == 36
+        assert sink.configs_published == 40  # 21 + all 19 again
         kept = Observer(mosquitto)
         await kept.start(f"{prefix}/+/{device_id}/+/config")
         await kept.caught_up()
@@ -1026,7 +1026,7 @@ async def test_configs_not_read_back_in_time_are_all_published(tmp_path: Path) -
         assert sink.configs_published == 0  # no real time ends the wait
         await clock.advance_to(due)
         await until(lambda: sink.online)
-        assert sink.configs_published == 17
+        assert sink.configs_published == 19
         assert sink.announcements == 1
     finally:
         await upstream.stop()

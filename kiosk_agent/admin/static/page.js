@@ -336,7 +336,8 @@ function renderHealth() {
   renderAudit();
   const sales = health.sales;
   // completed sales, as `sales --since today --state completed` lists them (the demo's word)
-  setText($("today"), `${sales.today_count} completed, ${page.today_amount}`);
+  setText($("today"), `${sales.today_count} completed, ${page.today_amount}` +
+    (page.today_given_back ? ` (${page.today_given_back})` : ""));
   setText($("footer"),
     `kiosk-agent ${health.version} · up ${duration(health.uptime_s)} · as of ${clock(health.at)}` +
     " · times are UTC (Z), as the command line prints them");
