@@ -42,7 +42,7 @@ from typing import Any
 
 from kiosk_agent.data_class import data_class
 from kiosk_agent.moments import display_time
-from kiosk_agent.money import format_cents
+from kiosk_agent.money import CURRENCY, format_cents
 from kiosk_agent.sales.attention import LATE_CHARGE_HANDOVER_S, late_charge_watched
 from kiosk_agent.sales.clock import next_turn
 from kiosk_agent.sales.journal import CHARGE_LOOKBACK_S, SaleRecord
@@ -690,7 +690,7 @@ class ChargeAudit:
 LOST_SALE = "the journal lost its sale"
 
 
-def lost_sale_note(row: Transaction, terminal: str, currency: str = "USD") -> dict[str, Any]:
+def lost_sale_note(row: Transaction, terminal: str, currency: str = CURRENCY) -> dict[str, Any]:
     """The ``late.vend`` maybe note of a charge of the unit's own whose sale the journal no
     longer holds (a WAL lost, a journal damaged or replaced): what the agent knows of it, the
     amount, the service's time of the charge, the terminal and the order id's sale part (no
@@ -808,7 +808,7 @@ class LaterGiveBacks:
                 max(dates) if dates else None, [r.trans_id for r in rows])
 
 
-def later_words(cents: int, status: str, who: str, currency: str = "USD") -> str:
+def later_words(cents: int, status: str, who: str, currency: str = CURRENCY) -> str:
     """A later give-back in a sale's words (``who``: :func:`given_back_by`'s): ``$1.00
     refunded at the service after the sale completed by 'jane' (not the agent); the agent
     moved no money on it``."""
