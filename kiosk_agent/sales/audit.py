@@ -249,8 +249,7 @@ class ChargeAudit:
         # suffix of a form it never writes, an attempt past a sale's last): trans id -> why
         self._unmade: dict[str, str] = {}
         # the completed sales' charges found given back by others after the sale ended, in the
-        # check that reads the terminals' whole history (``LaterGiveBacks``): noted this run
-        self.later_noted = 0
+        # check that reads the terminals' whole history (``LaterGiveBacks``)
         self._later = LaterGiveBacks()
 
     async def check(
@@ -420,7 +419,6 @@ class ChargeAudit:
                         "message": words},
                 later=Later(cents, status, by, at),
             )
-            self.later_noted += 1
             noted.append(sale_id)
             # announced as its own kind (SaleEvent.given_back_later), after its commit, in the
             # note's words (the event stream's replay of the step reads the same)
