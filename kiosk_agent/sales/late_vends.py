@@ -205,11 +205,11 @@ class LateVendWatch:
         except (JournalError, sqlite3.Error) as err:
             _LOGGER.error("sale %s: its failed vend could not be read: %s", sale_id, err)
             return
-        late = late_vend_of(steps)
+        # its last late vend, unless a person or the machine has seen it since
         last = next((s for s in reversed(steps) if s.step in (
             Step.LATE_VEND, Step.LATE_VEND_SEEN)), None)
-        if record is None or late is None or not late.unsure or last is None or (
-                last.step != Step.LATE_VEND):
+        late = None if last is None or last.step != Step.LATE_VEND else _late_vend(last)
+        if record is None or late is None or not late.unsure:
             return  # no maybe open on it (heard, seen, or never told)
         try:
             self.journal.record(record, Step.LATE_VEND_SEEN,
