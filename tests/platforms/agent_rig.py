@@ -19,6 +19,7 @@ from kiosk_agent.cli.virtual import simulated_machines
 from kiosk_agent.config.load import load_config
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock, FakeClock
 from kiosk_agent.service.settings import ServiceSettings
+from kiosk_agent.sim.machine import VirtualController
 
 from ..helpers import sim_call
 
@@ -73,6 +74,13 @@ async def running_agent(
         yield agent
     finally:
         await agent.stop()
+
+
+async def vend_asked(controller: VirtualController) -> None:
+    """Until the controller has heard the agent approve B1's vend at $3.25 (its ``C,VEND``)."""
+    async with asyncio.timeout(5):
+        while "C,VEND,3.25" not in controller.received:
+            await asyncio.sleep(0.005)
 
 
 async def until_final(agent: Agent, sale_id: str) -> None:

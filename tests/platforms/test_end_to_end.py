@@ -27,6 +27,7 @@ from .agent_rig import (
     running_agent,
     stopped_on_failure,
     until_final,
+    vend_asked,
 )
 from .test_serial_line import MDB_AS_LINES
 
@@ -323,9 +324,7 @@ async def test_controller_reset_mid_vend_voids_through_the_agent(
         controller.options.dispense_time = 0.3
         collector = asyncio.create_task(_final_events(agent, 1))
         visit_task = asyncio.create_task(controller.customer("B1"))
-        async with asyncio.timeout(5):
-            while "C,VEND,3.25" not in controller.received:
-                await asyncio.sleep(0.005)
+        await vend_asked(controller)
         controller.reset()
         visit = await visit_task
         [final] = await collector
