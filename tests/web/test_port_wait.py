@@ -80,6 +80,17 @@ async def _says_hello(port: int) -> bool:
         return r.status == 200 and await r.json() == {"hello": "kiosk"}
 
 
+async def _waited_through(site: LocalSite, clock: FakeClock, last_try: int) -> None:
+    """Each wait ``site`` asks for let pass on ``clock``, up to its try ``last_try``: each a
+    step further apart, doubling from PORT_WAIT_FIRST to the cap."""
+    steps = [PORT_WAIT_FIRST]
+    for tries in range(2, last_try + 1):
+        await until(lambda: clock.pending() == [clock.monotonic() + steps[-1]])
+        await clock.advance(steps[-1])
+        await until(lambda t=tries: site.listening()["tries"] == t)  # type: ignore[misc]
+        steps.append(min(PORT_WAIT_MAX, steps[-1] * 2))
+
+
 async def test_a_site_waits_for_its_port_held_by_another_program_then_serves_within_a_step(
 ) -> None:
     clock = FakeClock()
@@ -103,12 +114,7 @@ async def test_a_site_waits_for_its_port_held_by_another_program_then_serves_wit
         assert health.snapshot().status == "degraded"
 
         # still held: each try a step further apart, doubling to the cap
-        steps = [PORT_WAIT_FIRST]
-        for tries in range(2, 8):
-            await until(lambda: clock.pending() == [clock.monotonic() + steps[-1]])
-            await clock.advance(steps[-1])
-            await until(lambda t=tries: site.listening()["tries"] == t)  # type: ignore[misc]
-            steps.append(min(PORT_WAIT_MAX, steps[-1] * 2))
+        await _waited_through(site, clock, 7)
         await until(lambda: len(clock.sleeps) == 7)  # the next try's wait, asked for
         assert clock.sleeps == [0.5, 1.0, 2.0, 4.0, 5.0, 5.0, 5.0]  # bounded, none real
         assert site.listening()["next_try_in_s"] == PORT_WAIT_MAX
