@@ -34,8 +34,8 @@ from kiosk_agent.web.server import PORT_WAIT_FIRST, LocalSite
 
 from ..helpers import until
 from ..platforms.agent_rig import running_agent
-from ..platforms.test_kiosk_api import TOKEN, App
-from .test_port_wait import _hello, _sells, _waited_through
+from ..platforms.test_kiosk_api import App
+from .test_port_wait import THREE_SECRETS, _hello, _sells, _three_on, _waited_through
 
 
 def _not_here() -> str:
@@ -186,20 +186,10 @@ async def test_the_agent_s_servers_wait_for_their_address_while_the_agent_sells(
     from kiosk_agent.admin.webhooks import WebhookReceiver
 
     clock = FakeClock(wall=time.time())
-    triggers = [
-        {"platform": "kiosk_api", "name": "screen", "token": "!secret kiosk_token",
-         "host": address.host, "port": 0, "products": {"tea": "1.75"}},
-        {"platform": "kiosk_api", "name": "till", "token": "!secret kiosk_token", "port": 0,
-         "products": {"tea": "1.75"}},
-    ]
-    admin = {"admin": {"host": address.host, "port": 0, "metrics_public": True,
-                       "tokens": [{"name": "tech", "token": "!secret admin_token"}]},
-             "webhooks": {"host": address.host, "port": 0, "secret": "!secret hook",
-                          "store": str(tmp_path / "webhooks.db")}}
+    triggers, admin = _three_on(address.host, tmp_path)
     async with (
         running_agent(tmp_path, sim_settings, triggers, clock=clock, sections=admin,
-                      secrets={"kiosk_token": TOKEN, "admin_token": "a" * 24,
-                               "hook": "h" * 16}) as agent,
+                      secrets=THREE_SECRETS) as agent,
         aiohttp.ClientSession() as session,
     ):
         screen, till = agent.platforms

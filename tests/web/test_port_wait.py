@@ -200,6 +200,26 @@ async def test_a_kiosk_api_whose_port_is_taken_waits_while_the_agent_sells_then_
         await holder.release()
 
 
+THREE_SECRETS = {"kiosk_token": TOKEN, "admin_token": "a" * 24, "hook": "h" * 16}
+
+
+def _three_on(host: str, tmp_path: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """A kiosk API ``screen``, an admin API and a webhook receiver, the three on ``host``, and a
+    kiosk API ``till`` on the usual address: the triggers and the config's other sections (the
+    secrets they name: THREE_SECRETS)."""
+    triggers = [
+        {"platform": "kiosk_api", "name": "screen", "token": "!secret kiosk_token",
+         "host": host, "port": 0, "products": {"tea": "1.75"}},
+        {"platform": "kiosk_api", "name": "till", "token": "!secret kiosk_token", "port": 0,
+         "products": {"tea": "1.75"}},
+    ]
+    sections = {"admin": {"host": host, "port": 0, "metrics_public": True,
+                          "tokens": [{"name": "tech", "token": "!secret admin_token"}]},
+                "webhooks": {"host": host, "port": 0, "secret": "!secret hook",
+                             "store": str(tmp_path / "webhooks.db")}}
+    return triggers, sections
+
+
 async def _sells(app: App) -> None:
     status, started = await app.post("/sales", {"product": "tea"})
     assert status == 202, started
