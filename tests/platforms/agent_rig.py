@@ -17,6 +17,7 @@ from kiosk_agent.assembly.agent import Agent
 from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.cli.virtual import simulated_machines
 from kiosk_agent.config.load import load_config
+from kiosk_agent.health.model import LinkHealth
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock, FakeClock
 from kiosk_agent.service.settings import ServiceSettings
 from kiosk_agent.sim.machine import VirtualController
@@ -74,6 +75,17 @@ async def running_agent(
         yield agent
     finally:
         await agent.stop()
+
+
+def front(controller: VirtualController, **more: Any) -> dict[str, Any]:
+    """The MDB trigger ``front`` on ``controller``, authorize then capture; ``more`` beside."""
+    return {"platform": "mdb", "name": "front", "port": controller.port,
+            "flow": "authorize_capture", **more}
+
+
+def front_link(agent: Agent) -> LinkHealth:
+    """The trigger ``front``'s link as the agent's health shows it now."""
+    return next(lk for lk in agent.health.snapshot().links if lk.name == "mdb:front")
 
 
 async def vend_asked(controller: VirtualController) -> None:
