@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import subprocess
@@ -24,6 +25,18 @@ async def until(predicate: Callable[[], object], timeout: float = 30.0) -> None:
     async with asyncio.timeout(timeout):
         while not predicate():
             await asyncio.sleep(0.005)
+
+
+@contextlib.contextmanager
+def hearing(agent: Any) -> Iterator[list[Any]]:
+    """Each event the agent's bus publishes while inside, in order: its listener, dropped on
+    the way out."""
+    heard: list[Any] = []
+    stop = agent.events.listen(heard.append)
+    try:
+        yield heard
+    finally:
+        stop()
 
 
 def holding_cards(sim: Any, monkeypatch: Any) -> dict[str, Callable[[], None]]:

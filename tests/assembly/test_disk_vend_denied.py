@@ -21,9 +21,11 @@ from kiosk_agent.sales.model import (
     DispenseOutcome,
     DispenseStatus,
     Flow,
+    SaleEvent,
     SaleRequest,
     Selection,
 )
+from kiosk_agent.sales.runner import Sale
 from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.service.models import TransStatus
 
@@ -96,6 +98,21 @@ async def test_a_choice_made_on_a_full_disk_is_denied_and_never_told_as_a_maybe_
     assert (code, listed["late_vends"]) == (0, [])
 
 
+async def _sold_as_the_disk_fills(
+    agent: Agent, step: str, disk: Path,  # noqa: F811
+) -> tuple[ScriptedDispenser, Sale, SaleEvent]:
+    """A $2.50 authorize-capture sale of A1 on a ScriptedDispenser, the disk filling the moment
+    the journal has written ``step``: the machine, the sale, and what its end returned."""
+    machine = ScriptedDispenser()
+    filler = asyncio.create_task(fill_at(agent, step, disk))
+    sale = await agent.sales.start(
+        SaleRequest(source="test", flow=Flow.AUTHORIZE_CAPTURE, amount_cents=250,
+                    product="A1"), machine)
+    held = await asyncio.wait_for(sale.result(), 20)
+    await filler
+    return machine, sale, held
+
+
 async def test_a_vend_whose_request_met_a_full_disk_is_denied_and_never_told_as_a_maybe_vend(
     agent: Agent, disk: Path,  # noqa: F811
 ) -> None:
@@ -103,13 +120,7 @@ async def test_a_vend_whose_request_met_a_full_disk_is_denied_and_never_told_as_
     vend's own request (`dispense.request`, journaled before the machine is told to vend)
     cannot be written: the machine is told no, nothing vended, and no maybe is told once space
     returns."""
-    machine = ScriptedDispenser()
-    filler = asyncio.create_task(fill_at(agent, "authorize.request", disk))
-    sale = await agent.sales.start(
-        SaleRequest(source="test", flow=Flow.AUTHORIZE_CAPTURE, amount_cents=250,
-                    product="A1"), machine)
-    held = await asyncio.wait_for(sale.result(), 20)
-    await filler
+    machine, sale, held = await _sold_as_the_disk_fills(agent, "authorize.request", disk)
     assert held.unwritten
     assert machine.authorized == []  # never told to vend
     assert machine.denied == ["journal not writable"]
@@ -133,13 +144,7 @@ async def test_an_authorization_whose_request_met_a_full_disk_was_never_sent_and
     the authorization is never sent (journal first). Once space returns the sale is written
     again and ends "no charge" without waiting the authorization's answer window (before: 17 s
     on a real unit, its reader out of service meanwhile), and nothing is held at the service."""
-    machine = ScriptedDispenser()
-    filler = asyncio.create_task(fill_at(agent, "read_card.accepted", disk))
-    sale = await agent.sales.start(
-        SaleRequest(source="test", flow=Flow.AUTHORIZE_CAPTURE, amount_cents=250,
-                    product="A1"), machine)
-    held = await asyncio.wait_for(sale.result(), 20)
-    await filler
+    machine, sale, held = await _sold_as_the_disk_fills(agent, "read_card.accepted", disk)
     assert held.unwritten
     assert machine.authorized == []
     assert await ledger(agent.service, sale.order_id) == []  # never sent: no row at the service

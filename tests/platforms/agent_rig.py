@@ -17,8 +17,10 @@ from kiosk_agent.assembly.agent import Agent
 from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.cli.virtual import simulated_machines
 from kiosk_agent.config.load import load_config
+from kiosk_agent.health.model import LinkHealth
 from kiosk_agent.sales.clock import SYSTEM_CLOCK, Clock, FakeClock
 from kiosk_agent.service.settings import ServiceSettings
+from kiosk_agent.sim.machine import VirtualController
 
 from ..helpers import sim_call
 
@@ -73,6 +75,24 @@ async def running_agent(
         yield agent
     finally:
         await agent.stop()
+
+
+def front(controller: VirtualController, **more: Any) -> dict[str, Any]:
+    """The MDB trigger ``front`` on ``controller``, authorize then capture; ``more`` beside."""
+    return {"platform": "mdb", "name": "front", "port": controller.port,
+            "flow": "authorize_capture", **more}
+
+
+def front_link(agent: Agent) -> LinkHealth:
+    """The trigger ``front``'s link as the agent's health shows it now."""
+    return next(lk for lk in agent.health.snapshot().links if lk.name == "mdb:front")
+
+
+async def vend_asked(controller: VirtualController) -> None:
+    """Until the controller has heard the agent approve B1's vend at $3.25 (its ``C,VEND``)."""
+    async with asyncio.timeout(5):
+        while "C,VEND,3.25" not in controller.received:
+            await asyncio.sleep(0.005)
 
 
 async def until_final(agent: Agent, sale_id: str) -> None:

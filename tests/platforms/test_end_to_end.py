@@ -23,10 +23,13 @@ from tests.assembly.test_slow_service import arm_cleared, held_by_the_service, l
 
 from ..helpers import sim_call, until
 from .agent_rig import (
+    front,
+    front_link,
     losing_authorization_answers,
     running_agent,
     stopped_on_failure,
     until_final,
+    vend_asked,
 )
 from .test_serial_line import MDB_AS_LINES
 
@@ -89,8 +92,7 @@ async def test_the_next_customer_is_served_while_the_last_capture_is_in_flight(
     # and vended while the last customer's capture is still with the service.
     await sim_call(sim, "POST", "/sim/faults",
                    {"path": "/api/v1/capture", "fault": "delay", "delay_s": 0.5})
-    trigger = {"platform": "mdb", "name": "front", "port": controller.port,
-               "flow": "authorize_capture", "vend_timeout": 5}
+    trigger = front(controller, vend_timeout=5)
     async with running_agent(tmp_path, sim_settings, [trigger]) as agent:
         await asyncio.wait_for(controller.wait_enabled(), 5)
         collector = asyncio.create_task(_final_events(agent, 2))
@@ -290,23 +292,19 @@ async def test_hundreds_of_sales_through_the_agent_none_lost_none_doubled_nothin
 async def test_unplugged_adapter_shows_in_health_and_comes_back(
     tmp_path: Path, sim_settings: Any, controller: VirtualController
 ) -> None:
-    trigger = {"platform": "mdb", "name": "front", "port": controller.port,
-               "flow": "authorize_capture"}
+    trigger = front(controller)
     async with running_agent(tmp_path, sim_settings, [trigger]) as agent:
         await asyncio.wait_for(controller.wait_enabled(), 5)
 
-        def link_state() -> str:
-            return next(lk.state for lk in agent.health.snapshot().links if lk.name == "mdb:front")
-
         controller.unplug()
         async with asyncio.timeout(3):
-            while link_state() != "disconnected":
+            while front_link(agent).state != "disconnected":
                 await asyncio.sleep(0.01)
         assert any("mdb:front" in problem for problem in agent.health.snapshot().problems)
 
         controller.plug()
         await asyncio.wait_for(controller.wait_enabled(), 3)
-        assert link_state() == "connected"
+        assert front_link(agent).state == "connected"
         collector = asyncio.create_task(_final_events(agent, 1))
         assert (await controller.customer("A1")).outcome is VisitOutcome.VENDED
         [final] = await collector
@@ -316,16 +314,13 @@ async def test_unplugged_adapter_shows_in_health_and_comes_back(
 async def test_controller_reset_mid_vend_voids_through_the_agent(
     tmp_path: Path, sim_settings: Any, controller: VirtualController
 ) -> None:
-    trigger = {"platform": "mdb", "name": "front", "port": controller.port,
-               "flow": "authorize_capture"}
+    trigger = front(controller)
     async with running_agent(tmp_path, sim_settings, [trigger]) as agent:
         await asyncio.wait_for(controller.wait_enabled(), 5)
         controller.options.dispense_time = 0.3
         collector = asyncio.create_task(_final_events(agent, 1))
         visit_task = asyncio.create_task(controller.customer("B1"))
-        async with asyncio.timeout(5):
-            while "C,VEND,3.25" not in controller.received:
-                await asyncio.sleep(0.005)
+        await vend_asked(controller)
         controller.reset()
         visit = await visit_task
         [final] = await collector
@@ -361,8 +356,7 @@ async def test_a_vend_requests_sale_is_journaled_and_running_in_the_turn_its_lin
     # next turn), and no other task: a task of the line's own before it took a loop turn of the
     # customer's wait, so did the sale task's first step a turn later, and the platform's task
     # that follows the sale is made at its release, after the machine is answered
-    trigger = {"platform": "mdb", "name": "front", "port": controller.port,
-               "flow": "authorize_capture", "vend_timeout": 5}
+    trigger = front(controller, vend_timeout=5)
     async with running_agent(tmp_path, sim_settings, [trigger]) as agent:
         [platform] = agent.platforms
         assert isinstance(platform, MdbPlatform)

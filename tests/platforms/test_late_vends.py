@@ -31,7 +31,7 @@ from kiosk_agent.service.models import TransactionFilter, TransStatus
 from kiosk_agent.sim.machine import VirtualController, VisitOutcome
 
 from ..helpers import until, walk_to
-from .agent_rig import running_agent
+from .agent_rig import running_agent, vend_asked
 from .test_serial_line import MDB_AS_LINES
 
 
@@ -273,9 +273,7 @@ async def test_a_vend_success_after_the_controller_ended_the_vend_reaches_a_pers
         await asyncio.wait_for(controller.wait_enabled(), 5)
         controller.options.dispense_time = 0.3
         visit = asyncio.create_task(controller.customer("B1"))
-        async with asyncio.timeout(5):
-            while "C,VEND,3.25" not in controller.received:
-                await asyncio.sleep(0.005)
+        await vend_asked(controller)
         controller.reset()
         assert (await visit).outcome is VisitOutcome.ABORTED
         [record] = agent.journal.query()
@@ -296,9 +294,7 @@ async def _stopped_mid_vend(
     async with running_agent(tmp_path, sim_settings, [trigger], clock=clock) as first:
         await asyncio.wait_for(controller.wait_enabled(), 5)
         visit = asyncio.create_task(customer)
-        async with asyncio.timeout(5):
-            while "C,VEND,3.25" not in controller.received:
-                await asyncio.sleep(0.005)
+        await vend_asked(controller)
         [record] = first.journal.query()
         await until(lambda: first.journal.get(record.sale_id).state is SaleState.DISPENSING)
         # parked where it stands (a drain on an injected clock would wait for the test to move it)
@@ -565,9 +561,7 @@ async def _link_glitched_mid_vend(
     the sale, and how many lines the controller had heard before the glitch."""
     await asyncio.wait_for(controller.wait_enabled(), 5)
     visit = asyncio.create_task(customer)
-    async with asyncio.timeout(5):
-        while "C,VEND,3.25" not in controller.received:
-            await asyncio.sleep(0.005)
+    await vend_asked(controller)
     [record] = agent.journal.query()
     await until(lambda: agent.journal.get(record.sale_id).state is SaleState.DISPENSING)
     sent = len(controller.received)
@@ -650,9 +644,7 @@ async def test_a_controller_that_disables_the_reader_mid_vend_is_still_heard(
         await asyncio.wait_for(controller.wait_enabled(), 5)
         controller.options.dispense_time = 1.0  # still dropping when the disable comes
         visit = asyncio.create_task(controller.customer("B1", fail=fails))
-        async with asyncio.timeout(5):
-            while "C,VEND,3.25" not in controller.received:
-                await asyncio.sleep(0.005)
+        await vend_asked(controller)
         [record] = agent.journal.query()
         await until(lambda: agent.journal.get(record.sale_id).state is SaleState.DISPENSING)
         controller.send("c,STATUS,DISABLED")

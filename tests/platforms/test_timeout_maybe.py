@@ -32,7 +32,7 @@ from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.sim.machine import VirtualController
 
 from ..helpers import until
-from .agent_rig import running_agent
+from .agent_rig import running_agent, vend_asked
 from .test_kiosk_api import _confirming_on, _ended
 from .test_late_vends import _MACHINES, _dropped, _given_back_at_its_vend_timeout
 
@@ -124,9 +124,7 @@ async def test_a_controller_reset_mid_vend_then_a_restart_is_told(
         await asyncio.wait_for(controller.wait_enabled(), 5)
         controller.options.dispense_time = 0.3
         visit = asyncio.create_task(controller.customer("B1"))
-        async with asyncio.timeout(5):
-            while "C,VEND,3.25" not in controller.received:
-                await asyncio.sleep(0.005)
+        await vend_asked(controller)
         controller.reset()
         await asyncio.wait_for(visit, 10)
         [record] = agent.journal.query()

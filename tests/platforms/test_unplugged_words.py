@@ -13,24 +13,19 @@ from kiosk_agent.cli.fleet import format_health
 from kiosk_agent.sim.machine import VirtualController
 
 from ..helpers import until
-from .agent_rig import running_agent
+from .agent_rig import front, front_link, running_agent
 
 
 async def test_an_unplugged_adapter_says_what_is_missing_what_to_check_and_since_when(
     tmp_path: Path, sim_settings: Any, controller: VirtualController
 ) -> None:
-    trigger = {"platform": "mdb", "name": "front", "port": controller.port,
-               "flow": "authorize_capture"}
+    trigger = front(controller)
     async with running_agent(tmp_path, sim_settings, [trigger]) as agent:
         await asyncio.wait_for(controller.wait_enabled(), 5)
         await until(lambda: any(a.available for a in agent.health.snapshot().availability))
 
         controller.unplug()  # the pty and its by-id link are gone, as when the cable is pulled
-
-        def link() -> Any:
-            return next(lk for lk in agent.health.snapshot().links if lk.name == "mdb:front")
-
-        await until(lambda: "adapter not found" in link().detail)
+        await until(lambda: "adapter not found" in front_link(agent).detail)
         snapshot = agent.health.snapshot().model_dump(mode="json")
         text = format_health(snapshot)
         [line] = [line for line in text.splitlines() if line.startswith("link:")]

@@ -10,15 +10,13 @@ from typing import Any
 
 import pytest
 
-from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.sales.journal import Journal
 from kiosk_agent.sales.model import Flow, money_text
 from kiosk_agent.sales.resolve import NotInAttention, ResolveError, UnknownSale, resolve
 from kiosk_agent.sales.states import SaleState, Step
-from kiosk_agent.service.client import ServiceClient
 from kiosk_agent.service.errors import ServiceUnreachableError
 from kiosk_agent.service.models import TransStatus
-from tests.sales.test_recovery import authorize, leave_open, rows
+from tests.sales.test_recovery import authorize, crashed_charge, leave_open, rows
 
 
 async def attention_sale(agent_factory: Any, tmp_path: Path, **fields: Any) -> Any:
@@ -199,8 +197,7 @@ async def test_a_late_charge_found_just_before_a_crash_is_given_back_by_recovery
     """``late.found`` reopens the sale (REVERSING) in the write that journals the charge: an
     agent killed before the void leaves an open sale, which the next start gives back."""
     sim = await sim_factory(time_scale=300, transactions=0)
-    async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
-        trans_id = await authorize(service, "KACRASHED1", capture=False)
+    trans_id = await crashed_charge(sim, capture=False)
     leave_open(tmp_path, state=SaleState.UNRESOLVED, answer_by=time.time() - 1)
     journal = Journal(tmp_path / "journal.db")
     journal.open()

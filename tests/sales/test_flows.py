@@ -37,7 +37,7 @@ from kiosk_agent.service import cable as cable_module
 from kiosk_agent.service.models import TransactionFilter, TransStatus
 from kiosk_agent.sim import auth as sim_auth
 from tests.assembly.agent_helpers import ScriptedDispenser
-from tests.helpers import until
+from tests.helpers import hearing, until
 from tests.sales.test_journal import FailingCommits, new_sale
 from tests.service.test_cable import sim_call
 
@@ -763,12 +763,8 @@ async def test_what_waits_for_no_terminal_held_is_called_once_the_terminal_is_re
 async def test_a_sales_end_is_the_event_its_listeners_heard_made_once(
     agent: Agent, flow: Flow
 ) -> None:
-    heard: list[SaleEvent] = []
-    stop = agent.events.listen(heard.append)
-    try:
+    with hearing(agent) as heard:
         event = await sell(agent, 250, ScriptedDispenser(), flow=flow)
-    finally:
-        stop()
     ends = [e for e in heard if e.sale_id == event.sale_id and e.state.final]
     assert len(ends) == 1
     assert ends[0] is event  # the end as published, not a second event made alike
@@ -1126,12 +1122,8 @@ async def test_the_events_of_steps_published_after_a_send_are_made_after_it(
             return await super().dispense(authorized_cents)
 
     monkeypatch.setattr(steps_module, "event_of", event_of)
-    heard: list[Any] = []
-    stop = agent.events.listen(heard.append)
-    try:
+    with hearing(agent) as heard:
         event = await sell(agent, 250, Told(), flow=flow)
-    finally:
-        stop()
     assert event.state is SaleState.COMPLETED
     for path, steps in made_after.items():
         written = seen.index(("written", path))

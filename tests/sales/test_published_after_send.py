@@ -14,6 +14,7 @@ from kiosk_agent.assembly.agent import Agent
 from kiosk_agent.sales.model import Flow, SaleEvent, SaleRequest
 from kiosk_agent.sales.states import SaleState, Step
 from tests.assembly.agent_helpers import ScriptedDispenser
+from tests.helpers import hearing
 
 WAIT_S = 60.0
 
@@ -41,16 +42,12 @@ async def test_a_sale_cancelled_in_the_turn_it_opened_is_heard_step_for_step(
     # the customer's cancel heard in the turn that started the sale (a kiosk app's cancel, an
     # MDB vend cancel in the same read), while its opening still waits its two turns: heard
     # whole, in the journal's order, the opening before the end
-    heard: list[SaleEvent] = []
-    stop = agent.events.listen(heard.append)
-    try:
+    with hearing(agent) as heard:
         sale = await agent.sales.start(vend(flow=flow), ScriptedDispenser(vended_cents=300))
         assert faces_heard(heard, sale.sale_id) == []  # the journal holds it: two turns on
         assert journal_says(agent, sale.sale_id)[:2] == [Step.CREATED, _first_request(flow)]
         assert await agent.sales.cancel(sale.sale_id)
         final = await asyncio.wait_for(sale.result(), WAIT_S)
-    finally:
-        stop()
     # cancelled at the read; charge_card's charge may be made first, then given back
     assert final.state in (SaleState.CANCELLED, SaleState.REVERSED)
     assert faces_heard(heard, sale.sale_id) == journal_says(agent, sale.sale_id)
@@ -64,14 +61,10 @@ async def test_an_agent_stopped_in_the_turn_a_sale_opened_leaves_no_step_unheard
     # the stop begins in the turn the sale opened, before its opening is published: the
     # listeners (health, Home Assistant, the streams, `kiosk-agent events`) hear every step the
     # journal holds, the opening first, and nothing it does not hold
-    heard: list[SaleEvent] = []
-    stop = agent.events.listen(heard.append)
-    try:
+    with hearing(agent) as heard:
         sale = await agent.sales.start(vend(flow=flow), ScriptedDispenser(vended_cents=300))
         assert faces_heard(heard, sale.sale_id) == []
         await asyncio.wait_for(agent.stop(), WAIT_S)
-    finally:
-        stop()
     said = journal_says(agent, sale.sale_id)
     assert said[:2] == [Step.CREATED, _first_request(flow)]
     assert faces_heard(heard, sale.sale_id) == said

@@ -60,6 +60,12 @@ def leave_open(directory: Path, clock: Clock = SYSTEM_CLOCK, **fields: Any) -> S
     return record
 
 
+async def crashed_charge(sim: Any, *, capture: bool) -> str:
+    """:func:`authorize` on a client of its own, under the crashed sale's order id."""
+    async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
+        return await authorize(service, "KACRASHED1", capture=capture)
+
+
 async def authorize(service: ServiceClient, order_id: str, capture: bool) -> str:
     """A real charge on the simulator, as the crashed agent had made it."""
     handle = await service.terminal.read_card("SIM-0002", 300)
@@ -106,8 +112,7 @@ async def test_a_confirmed_vend_whose_capture_was_lost_is_captured(
     agent_factory: Any, sim_factory: Any, tmp_path: Path
 ) -> None:
     sim = await sim_factory(time_scale=300, transactions=0)
-    async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
-        trans_id = await authorize(service, "KACRASHED1", capture=False)
+    trans_id = await crashed_charge(sim, capture=False)
     leave_open(
         tmp_path,
         state=SaleState.CAPTURING,
@@ -205,8 +210,7 @@ async def test_a_capturing_sale_does_not_keep_its_terminal_refusing_sales_while_
     # reading its card when the agent died. The terminal refuses sales while the card read is
     # ended; the capture, slow at the service, goes on beside it, not before or after it.
     sim = await sim_factory(time_scale=300, transactions=0)
-    async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
-        trans_id = await authorize(service, "KACRASHED1", capture=False)
+    trans_id = await crashed_charge(sim, capture=False)
     leave_open(
         tmp_path, state=SaleState.CAPTURING, trans_id=trans_id, authorized_cents=300,
         vended_cents=300,
@@ -485,8 +489,7 @@ async def _left_dispensing(
     simulator, approved a second before the next start, its answer due 29 s after (``fields``
     added, as its source). The simulator, and the next start's clock, on ``boot``."""
     sim = await sim_factory(time_scale=300, transactions=0)
-    async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
-        trans_id = await authorize(service, "KACRASHED1", capture=False)
+    trans_id = await crashed_charge(sim, capture=False)
     clock = FakeClock(wall=time.time(), boot_id=boot)
     # its steps dated on the next start's clock too: dated in real time, the dispense's step
     # (placed on the monotonic clock through the send's anchor) moved on by the real time the

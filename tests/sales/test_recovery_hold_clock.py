@@ -19,10 +19,9 @@ from kiosk_agent.cli.sim import settings_from_ready
 from kiosk_agent.moments import display_clock
 from kiosk_agent.sales.clock import FakeClock
 from kiosk_agent.sales.states import SaleState
-from kiosk_agent.service.client import ServiceClient
 from tests.platforms.agent_rig import running_agent
 
-from .test_recovery import authorize, leave_open
+from .test_recovery import crashed_charge, leave_open
 
 TOKEN = "kiosk-token-for-the-clock-test"
 VEND_TIMEOUT = 5.0
@@ -33,8 +32,7 @@ async def test_a_wall_clock_step_during_recovery_moves_no_deadline_any_face_show
     sim_factory: Any, tmp_path: Path, stepped: float
 ) -> None:
     sim = await sim_factory(time_scale=300, transactions=0)
-    async with ServiceClient(settings_from_ready(sim.ready_info())) as service:
-        trans_id = await authorize(service, "KACRASHED1", capture=False)
+    trans_id = await crashed_charge(sim, capture=False)
     # the wall clock at boot is off by what NTP will step it by (the real one: after the step,
     # the fake and the real wall clocks agree)
     clock = FakeClock(wall=time.time() - stepped, boot_id="fake-boot-1")

@@ -17,7 +17,10 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+from kiosk_agent.assembly.agent import Agent
 from kiosk_agent.cli.sim import settings_from_ready
+from kiosk_agent.sales.journal import SaleRecord
+from kiosk_agent.sales.model import SaleEvent
 from kiosk_agent.sales.states import SaleState, Step
 from kiosk_agent.sales.steps import agent_user
 from kiosk_agent.service.client import ServiceClient
@@ -39,6 +42,16 @@ async def _charge(sim: Any, *, settled: bool) -> tuple[ServiceClient, str]:
     return service, trans_id
 
 
+async def _restarted(
+    agent_factory: Any, sim: Any
+) -> tuple[Agent, SaleEvent, SaleRecord | None]:
+    """An agent started on ``sim`` over the journal the killed one left, its recovery done: the
+    agent, the one end recovery told, and the crashed sale as the journal then holds it."""
+    agent = await agent_factory(sim=sim)
+    [event] = await asyncio.wait_for(agent.recovery.wait(), WAIT_S)
+    return agent, event, agent.journal.get("crashed1")
+
+
 async def test_a_persons_refund_while_the_agent_was_down_is_said_to_be_theirs(
     agent_factory: Any, sim_factory: Any, tmp_path: Path
 ) -> None:
@@ -53,9 +66,7 @@ async def test_a_persons_refund_while_the_agent_was_down_is_said_to_be_theirs(
         await service.__aexit__(None, None, None)
     leave_open(tmp_path, state=SaleState.REVERSING, trans_id=trans_id, authorized_cents=300,
                captured_cents=300, message="dispense failed")
-    agent = await agent_factory(sim=sim)
-    [event] = await asyncio.wait_for(agent.recovery.wait(), WAIT_S)
-    record = agent.journal.get("crashed1")
+    agent, event, record = await _restarted(agent_factory, sim)
     assert record is not None
     assert event.message == record.message  # what the page, the CLI and HA are told
     assert record.state is SaleState.REVERSED, record.message
@@ -90,9 +101,7 @@ async def test_a_persons_refund_of_the_rest_names_them_and_what_was_refunded_bef
         await service.__aexit__(None, None, None)
     leave_open(tmp_path, state=SaleState.REVERSING, trans_id=trans_id, authorized_cents=300,
                captured_cents=300, reversed_cents=100, message="a charge found, not vended")
-    agent = await agent_factory(sim=sim)
-    [event] = await asyncio.wait_for(agent.recovery.wait(), WAIT_S)
-    record = agent.journal.get("crashed1")
+    _, event, record = await _restarted(agent_factory, sim)
     assert record is not None
     assert event.message == record.message
     assert (record.state, record.captured_cents, record.reversed_cents) == (
@@ -143,9 +152,7 @@ async def test_the_agents_own_refund_sent_before_the_kill_is_said_to_be_the_agen
                 await asyncio.sleep(0.05)
 
     await asyncio.wait_for(refunded(), WAIT_S)  # made at the service after all
-    second = await agent_factory(sim=sim)
-    [event] = await asyncio.wait_for(second.recovery.wait(), WAIT_S)
-    record = second.journal.get("crashed1")
+    second, event, record = await _restarted(agent_factory, sim)
     assert record is not None
     assert event.message == record.message
     assert (record.state, record.captured_cents, record.reversed_cents) == (
@@ -170,9 +177,7 @@ async def test_a_void_says_whose_it_was(
         await service.__aexit__(None, None, None)
     leave_open(tmp_path, state=SaleState.REVERSING, trans_id=trans_id, authorized_cents=300,
                message="dispense failed")
-    agent = await agent_factory(sim=sim)
-    [event] = await asyncio.wait_for(agent.recovery.wait(), WAIT_S)
-    record = agent.journal.get("crashed1")
+    _, event, record = await _restarted(agent_factory, sim)
     assert record is not None
     assert event.message == record.message
     assert (record.state, record.reversed_cents) == (SaleState.REVERSED, 300), record.message
@@ -192,9 +197,7 @@ async def test_a_charge_found_already_given_back_says_whose_give_back_it_was(
     finally:
         await service.__aexit__(None, None, None)
     leave_open(tmp_path, state=SaleState.AUTHORIZING)
-    agent = await agent_factory(sim=sim)
-    [event] = await asyncio.wait_for(agent.recovery.wait(), WAIT_S)
-    record = agent.journal.get("crashed1")
+    _, event, record = await _restarted(agent_factory, sim)
     assert record is not None
     assert event.message == record.message
     assert (record.state, record.trans_id, record.reversed_cents) == (

@@ -4,14 +4,13 @@ maker, never the latest's for all of them."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
 from kiosk_agent.sales.states import SaleState
 from kiosk_agent.sales.steps import agent_user
 from tests.sales.test_recovery import leave_open
-from tests.sales.test_who_gave_back import WAIT_S, _charge
+from tests.sales.test_who_gave_back import _charge, _restarted
 
 
 async def test_a_persons_refund_and_the_agents_found_together_are_each_said_to_be_whose(
@@ -36,9 +35,7 @@ async def test_a_persons_refund_and_the_agents_found_together_are_each_said_to_b
         await service.__aexit__(None, None, None)
     leave_open(tmp_path, state=SaleState.REVERSING, trans_id=trans_id, authorized_cents=300,
                captured_cents=300, message="dispense failed")
-    second = await agent_factory(sim=sim)
-    [event] = await asyncio.wait_for(second.recovery.wait(), WAIT_S)
-    record = second.journal.get("crashed1")
+    _, event, record = await _restarted(agent_factory, sim)
     assert record is not None
     assert event.message == record.message
     assert (record.state, record.reversed_cents) == (SaleState.REVERSED, 300), record.message

@@ -30,12 +30,12 @@ from aiohttp import web
 from kiosk_agent.health.model import Health
 from kiosk_agent.platforms.kiosk_api import KioskApi
 from kiosk_agent.sales.clock import FakeClock
-from kiosk_agent.web.server import PORT_WAIT_FIRST, PORT_WAIT_MAX, LocalSite
+from kiosk_agent.web.server import PORT_WAIT_FIRST, LocalSite
 
 from ..helpers import until
 from ..platforms.agent_rig import running_agent
-from ..platforms.test_kiosk_api import TOKEN, App
-from .test_port_wait import _hello, _sells
+from ..platforms.test_kiosk_api import App
+from .test_port_wait import THREE_SECRETS, _hello, _sells, _three_on, _waited_through
 
 
 def _not_here() -> str:
@@ -131,12 +131,7 @@ async def test_a_site_waits_for_an_address_not_on_the_machine_yet_and_says_so() 
     try:
         await site.start(web.Application())  # not a ListenError: waiting
         await _waits_for_the_address(site, health, address, clock)
-        steps = [PORT_WAIT_FIRST]
-        for tries in range(2, 7):
-            await until(lambda: clock.pending() == [clock.monotonic() + steps[-1]])
-            await clock.advance(steps[-1])
-            await until(lambda t=tries: site.listening()["tries"] == t)  # type: ignore[misc]
-            steps.append(min(PORT_WAIT_MAX, steps[-1] * 2))
+        await _waited_through(site, clock, 6)
         await until(lambda: len(clock.sleeps) == 6)
         assert clock.sleeps == [0.5, 1.0, 2.0, 4.0, 5.0, 5.0]  # bounded, none real
         assert site.listening()["waiting_for"] == "address"  # still the same words
@@ -191,20 +186,10 @@ async def test_the_agent_s_servers_wait_for_their_address_while_the_agent_sells(
     from kiosk_agent.admin.webhooks import WebhookReceiver
 
     clock = FakeClock(wall=time.time())
-    triggers = [
-        {"platform": "kiosk_api", "name": "screen", "token": "!secret kiosk_token",
-         "host": address.host, "port": 0, "products": {"tea": "1.75"}},
-        {"platform": "kiosk_api", "name": "till", "token": "!secret kiosk_token", "port": 0,
-         "products": {"tea": "1.75"}},
-    ]
-    admin = {"admin": {"host": address.host, "port": 0, "metrics_public": True,
-                       "tokens": [{"name": "tech", "token": "!secret admin_token"}]},
-             "webhooks": {"host": address.host, "port": 0, "secret": "!secret hook",
-                          "store": str(tmp_path / "webhooks.db")}}
+    triggers, admin = _three_on(address.host, tmp_path)
     async with (
         running_agent(tmp_path, sim_settings, triggers, clock=clock, sections=admin,
-                      secrets={"kiosk_token": TOKEN, "admin_token": "a" * 24,
-                               "hook": "h" * 16}) as agent,
+                      secrets=THREE_SECRETS) as agent,
         aiohttp.ClientSession() as session,
     ):
         screen, till = agent.platforms

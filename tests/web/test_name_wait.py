@@ -29,8 +29,8 @@ from kiosk_agent.web.server import PORT_WAIT_FIRST, PORT_WAIT_MAX, ListenError, 
 
 from ..helpers import until
 from ..platforms.agent_rig import running_agent
-from ..platforms.test_kiosk_api import TOKEN, App
-from .test_port_wait import _hello, _says_hello, _sells
+from ..platforms.test_kiosk_api import App
+from .test_port_wait import THREE_SECRETS, _hello, _says_hello, _sells, _three_on
 
 NAME = "kiosk-shop.lan"
 DOWN = "Temporary failure in name resolution"  # glibc's words for EAI_AGAIN
@@ -191,20 +191,10 @@ async def test_the_agent_s_servers_wait_for_their_name_while_the_agent_sells(
 
     clock = FakeClock(wall=time.time())
     dns = Dns()
-    triggers = [
-        {"platform": "kiosk_api", "name": "screen", "token": "!secret kiosk_token",
-         "host": NAME, "port": 0, "products": {"tea": "1.75"}},
-        {"platform": "kiosk_api", "name": "till", "token": "!secret kiosk_token", "port": 0,
-         "products": {"tea": "1.75"}},
-    ]
-    admin = {"admin": {"host": NAME, "port": 0, "metrics_public": True,
-                       "tokens": [{"name": "tech", "token": "!secret admin_token"}]},
-             "webhooks": {"host": NAME, "port": 0, "secret": "!secret hook",
-                          "store": str(tmp_path / "webhooks.db")}}
+    triggers, admin = _three_on(NAME, tmp_path)
     async with (
         running_agent(tmp_path, sim_settings, triggers, clock=clock, sections=admin,
-                      secrets={"kiosk_token": TOKEN, "admin_token": "a" * 24,
-                               "hook": "h" * 16}, listen_resolve=dns) as agent,
+                      secrets=THREE_SECRETS, listen_resolve=dns) as agent,
         aiohttp.ClientSession() as session,
     ):
         screen, till = agent.platforms

@@ -80,6 +80,17 @@ async def _says_hello(port: int) -> bool:
         return r.status == 200 and await r.json() == {"hello": "kiosk"}
 
 
+async def _waited_through(site: LocalSite, clock: FakeClock, last_try: int) -> None:
+    """Each wait ``site`` asks for let pass on ``clock``, up to its try ``last_try``: each a
+    step further apart, doubling from PORT_WAIT_FIRST to the cap."""
+    steps = [PORT_WAIT_FIRST]
+    for tries in range(2, last_try + 1):
+        await until(lambda: clock.pending() == [clock.monotonic() + steps[-1]])
+        await clock.advance(steps[-1])
+        await until(lambda t=tries: site.listening()["tries"] == t)  # type: ignore[misc]
+        steps.append(min(PORT_WAIT_MAX, steps[-1] * 2))
+
+
 async def test_a_site_waits_for_its_port_held_by_another_program_then_serves_within_a_step(
 ) -> None:
     clock = FakeClock()
@@ -103,12 +114,7 @@ async def test_a_site_waits_for_its_port_held_by_another_program_then_serves_wit
         assert health.snapshot().status == "degraded"
 
         # still held: each try a step further apart, doubling to the cap
-        steps = [PORT_WAIT_FIRST]
-        for tries in range(2, 8):
-            await until(lambda: clock.pending() == [clock.monotonic() + steps[-1]])
-            await clock.advance(steps[-1])
-            await until(lambda t=tries: site.listening()["tries"] == t)  # type: ignore[misc]
-            steps.append(min(PORT_WAIT_MAX, steps[-1] * 2))
+        await _waited_through(site, clock, 7)
         await until(lambda: len(clock.sleeps) == 7)  # the next try's wait, asked for
         assert clock.sleeps == [0.5, 1.0, 2.0, 4.0, 5.0, 5.0, 5.0]  # bounded, none real
         assert site.listening()["next_try_in_s"] == PORT_WAIT_MAX
@@ -192,6 +198,26 @@ async def test_a_kiosk_api_whose_port_is_taken_waits_while_the_agent_sells_then_
             assert not any("kiosk_api:screen" in p for p in agent.health.snapshot().problems)
     finally:
         await holder.release()
+
+
+THREE_SECRETS = {"kiosk_token": TOKEN, "admin_token": "a" * 24, "hook": "h" * 16}
+
+
+def _three_on(host: str, tmp_path: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """A kiosk API ``screen``, an admin API and a webhook receiver, the three on ``host``, and a
+    kiosk API ``till`` on the usual address: the triggers and the config's other sections (the
+    secrets they name: THREE_SECRETS)."""
+    triggers = [
+        {"platform": "kiosk_api", "name": "screen", "token": "!secret kiosk_token",
+         "host": host, "port": 0, "products": {"tea": "1.75"}},
+        {"platform": "kiosk_api", "name": "till", "token": "!secret kiosk_token", "port": 0,
+         "products": {"tea": "1.75"}},
+    ]
+    sections = {"admin": {"host": host, "port": 0, "metrics_public": True,
+                          "tokens": [{"name": "tech", "token": "!secret admin_token"}]},
+                "webhooks": {"host": host, "port": 0, "secret": "!secret hook",
+                             "store": str(tmp_path / "webhooks.db")}}
+    return triggers, sections
 
 
 async def _sells(app: App) -> None:
