@@ -413,10 +413,7 @@ class ListenError(OSError):
         # os.strerror: asyncio's own text repeats the address ("error while attempting ...");
         # a name that does not resolve (getaddrinfo's error) has its own words, not errno's
         # ("unknown error -2")
-        if isinstance(err, socket.gaierror):
-            why = err.strerror or str(err)
-        else:
-            why = os.strerror(err.errno) if err.errno else str(err)
+        why = _resolver_said(err) or (os.strerror(err.errno) if err.errno else str(err))
         if isinstance(err, socket.gaierror):
             fix = "the name does not resolve here: correct the host, or write its address"
         elif err.errno == errno.EADDRINUSE:
