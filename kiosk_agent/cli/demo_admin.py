@@ -90,9 +90,14 @@ def running_demo_simulator(config: Any, config_path: str) -> dict[str, Any] | No
     return {**simulator, "pid": found["pid"]}
 
 
+def demo_admin_of(config: Any) -> Path:
+    """Where a demo on ``config`` writes its file: beside the configuration's journal."""
+    return demo_admin_path(Path(config.resolve(config["journal"]["path"])))
+
+
 def _demo_file(config: Any) -> Path | None:
     """The admin file of a demo on ``config`` (beside its journal), or None where none is."""
-    path = demo_admin_path(Path(config.resolve(config["journal"]["path"])))
+    path = demo_admin_of(config)
     return path if os.path.lexists(path) else None
 
 
