@@ -69,18 +69,16 @@ def running_demo(config: Any, config_path: str) -> tuple[str, str] | None:
     """The admin API of the demo running on ``config`` (one without an ``admin:`` section):
     its address and token; None when no demo wrote its file; a CliError when the file is not
     to be trusted or its demo no longer runs."""
-    path = demo_admin_path(Path(config.resolve(config["journal"]["path"])))
-    if not os.path.lexists(path):
-        return None
-    return read_demo_admin(path, config_path)
+    path = _demo_file(config)
+    return None if path is None else read_demo_admin(path, config_path)
 
 
 def running_demo_simulator(config: Any, config_path: str) -> dict[str, Any] | None:
     """The READY information of the simulator of the demo running on ``config``: None where no
     demo runs on it (or its file is not to be trusted, or names none): the service commands
     then start one of their own, as before."""
-    path = demo_admin_path(Path(config.resolve(config["journal"]["path"])))
-    if not os.path.lexists(path):
+    path = _demo_file(config)
+    if path is None:
         return None
     try:
         found = _read_trusted(path, config_path)
@@ -90,6 +88,17 @@ def running_demo_simulator(config: Any, config_path: str) -> dict[str, Any] | No
     if not isinstance(simulator, dict) or not isinstance(simulator.get("base_url"), str):
         return None
     return {**simulator, "pid": found["pid"]}
+
+
+def demo_admin_of(config: Any) -> Path:
+    """Where a demo on ``config`` writes its file: beside the configuration's journal."""
+    return demo_admin_path(Path(config.resolve(config["journal"]["path"])))
+
+
+def _demo_file(config: Any) -> Path | None:
+    """The admin file of a demo on ``config`` (beside its journal), or None where none is."""
+    path = demo_admin_of(config)
+    return path if os.path.lexists(path) else None
 
 
 def read_demo_admin(path: Path, config_path: str) -> tuple[str, str]:

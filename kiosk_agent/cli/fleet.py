@@ -687,10 +687,9 @@ def admin_address(args: argparse.Namespace) -> tuple[str, str]:
     if "simulator" in config["service"]:
         # a demo's configuration: the demo serves an admin API of its own while it runs
         # read at once: no file is said as the reader says it (no demo is running)
-        from kiosk_agent.cli.demo_admin import demo_admin_path, read_demo_admin
+        from kiosk_agent.cli.demo_admin import demo_admin_of, read_demo_admin
 
-        url, made = read_demo_admin(
-            demo_admin_path(Path(config.resolve(config["journal"]["path"]))), str(path))
+        url, made = read_demo_admin(demo_admin_of(config), str(path))
         return url, token or made
     raise CliError(f"{path} has no admin: section; the agent serves no admin API", EXIT_USAGE)
 

@@ -373,7 +373,9 @@ class SerialLink:
                 # another user, without CAP_SYS_ADMIN, is refused at the open, before its flock)
                 if err.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EBUSY):
                     raise
-                who = port_holder(port)  # "another process": none this process may see
+                # "another process": none this process may see; a look through /proc/*/fd,
+                # off the loop as the open is
+                who = await loop.run_in_executor(None, port_holder, port)
                 raise PortHeld(
                     f"held by {who if who == 'another process' else f'another process ({who})'}"
                     "; only one program may use a reader: stop that one first (looked at "

@@ -413,10 +413,7 @@ class ListenError(OSError):
         # os.strerror: asyncio's own text repeats the address ("error while attempting ...");
         # a name that does not resolve (getaddrinfo's error) has its own words, not errno's
         # ("unknown error -2")
-        if isinstance(err, socket.gaierror):
-            why = err.strerror or str(err)
-        else:
-            why = os.strerror(err.errno) if err.errno else str(err)
+        why = _resolver_said(err) or (os.strerror(err.errno) if err.errno else str(err))
         if isinstance(err, socket.gaierror):
             fix = "the name does not resolve here: correct the host, or write its address"
         elif err.errno == errno.EADDRINUSE:
@@ -575,9 +572,9 @@ class LocalSite:
         """The port is in use (name who holds it), the address is not on this machine yet, or
         the name does not resolve yet: try again in a task of its own."""
         now = self._waits.monotonic()
-        held_by = _holder(self._wanted_port) if waiting_for == "port" else ""
-        self.waiting = PortWait(held_by=held_by, since=now, next_try_at=now + PORT_WAIT_FIRST,
-                                waiting_for=waiting_for, resolver_said=resolver_said)
+        self.waiting = PortWait(held_by=self._held_by(waiting_for), since=now,
+                                next_try_at=now + PORT_WAIT_FIRST, waiting_for=waiting_for,
+                                resolver_said=resolver_said)
         _LOGGER.warning(
             "%s: cannot listen on %s:%d: %s; tried again in %g s, then every %g s at most: "
             "served as soon as it %s", self.name, self.host, self._wanted_port,
@@ -603,11 +600,12 @@ class LocalSite:
                 waiting.tries += 1
                 waiting.next_try_at = self._waits.monotonic() + delay
                 waiting_for = _wait_kind(err)
-                why = "" if waiting_for else f"{type(err).__name__}: {err}"
-                holder = (_holder(self._wanted_port) if waiting_for == "port"
-                          else "" if waiting_for else waiting.held_by)
-                said = _resolver_said(err) if waiting_for else waiting.resolver_said
-                waiting_for = waiting_for or waiting.waiting_for
+                if waiting_for is not None:  # the port, the address or the name, still
+                    why, holder, said = "", self._held_by(waiting_for), _resolver_said(err)
+                else:  # worse: said as the error, what was waited for kept
+                    why, holder, said = (f"{type(err).__name__}: {err}", waiting.held_by,
+                                         waiting.resolver_said)
+                    waiting_for = waiting.waiting_for
                 if (why, holder, waiting_for, said) != (waiting.error, waiting.held_by,
                                                         waiting.waiting_for, waiting.resolver_said):
                     waiting.error, waiting.held_by, waiting.waiting_for = why, holder, waiting_for
@@ -623,6 +621,10 @@ class LocalSite:
                             self.host, self.port, waited, waiting.tries + 1)
             if self._health is not None:
                 self._health.problem_changed()
+
+    def _held_by(self, waiting_for: str) -> str:
+        """The port's holder, named, while waiting for the port; "" while waiting for another."""
+        return _holder(self._wanted_port) if waiting_for == "port" else ""
 
     def _waited_for(self, waiting: PortWait) -> str:
         """Why the last try failed, in words: the port's holder, the address missing, or the
