@@ -13,6 +13,7 @@ import asyncio
 import codecs
 import errno
 import fcntl
+import importlib
 import os
 import termios
 from collections.abc import Callable
@@ -44,6 +45,9 @@ async def _in_child(work: Callable[[], str], *, unprivileged: bool = True) -> st
                 # what the child may import later, imported while it still can: the
                 # interpreter's own library is under /root, which nobody may not read
                 codecs.lookup("ascii")
+                # a link's open and stop run in the loop's thread pool: its module, loaded
+                # here if the parent has not used one yet (the [program] case run first)
+                importlib.import_module("concurrent.futures.thread")
                 os.setgroups([])
                 os.setgid(NOBODY)
                 os.setuid(NOBODY)
